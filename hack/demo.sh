@@ -42,8 +42,9 @@ findmnt -n -o TARGET,OPTIONS,PROPAGATION "$host/run/nvidia/driver"
 echo "== device nodes"
 ls -l "$host/dev" "$host/dev/nvidia-caps" 2>/dev/null | grep -E 'nvidia|^/' || true
 echo "== /dev/char links: $(ls "$host/dev/char" | wc -l)"
-echo "== status ($host/run/nvidia-driver/status.json)"
-cat "$host/run/nvidia-driver/status.json"
+echo "== status ($host/run/nvidia-driver/status.json), GPUs shortened"
+grep -vE '^ {6}"(busId|minor|memoryMiB|index)"' "$host/run/nvidia-driver/status.json"
+echo "== idle memory of the service after bring-up: $(awk '/VmRSS/{print $2, $3}' /proc/$pid/status)"
 
 echo
 echo "== stopping with SIGTERM"

@@ -11,6 +11,11 @@ command -v findmnt >/dev/null || need+=(util-linux)
 if [ ${#need[@]} -gt 0 ]; then
   echo "install-test-deps: installing ${need[*]}" >&2
   export DEBIAN_FRONTEND=noninteractive
-  apt-get update -q >&2
-  apt-get install -y -q --no-install-recommends "${need[@]}" >&2
+  log=$(mktemp)
+  if ! { apt-get update -q && apt-get install -y -q --no-install-recommends "${need[@]}"; } >"$log" 2>&1; then
+    cat "$log" >&2
+    echo "install-test-deps: apt-get failed" >&2
+    exit 1
+  fi
+  rm -f "$log"
 fi

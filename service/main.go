@@ -99,6 +99,10 @@ func checkRoot(args []string, stdout, stderr io.Writer) int {
 }
 
 func runService(stderr io.Writer) int {
+	// First of all: a SIGTERM from here on stops the service cleanly.
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	defer stop()
+
 	cfg, err := config.Load(os.Environ())
 	if err != nil {
 		// Nothing has been touched. Exit non-zero so that `talosctl service` shows the
@@ -111,9 +115,6 @@ func runService(stderr io.Writer) int {
 
 	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: cfg.LogLevel}))
 	log.Info("starting", "version", version, "subroot", cfg.Subroot, "hostRoot", cfg.HostRoot, "simulate", cfg.Simulate)
-
-	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
-	defer stop()
 
 	if err := serve(ctx, log, cfg); err != nil {
 		if errors.Is(err, context.Canceled) {

@@ -66,29 +66,18 @@ func Subroot(t testing.TB) string {
 	return dir
 }
 
-// Binary returns a binary that `make build` writes to _out/bin, building the service with
-// `go build` if it is missing (for `go test` run by hand).
-func Binary(t testing.TB, name string) string {
+// ServiceBinary builds the service from the working tree (cached by go build) into
+// _out/test/ and returns its path, so a test never runs a stale binary.
+func ServiceBinary(t testing.TB) string {
 	t.Helper()
 
 	top := RepoRoot(t)
-	path := filepath.Join(top, "_out", "bin", name)
-
-	if name != "nvidia-driver" {
-		if _, err := os.Stat(path); err != nil {
-			t.Fatalf("%s is missing: run `make build` first", path)
-		}
-
-		return path
-	}
+	path := filepath.Join(top, "_out", "test", "nvidia-driver")
 
 	withLock(t, filepath.Join(top, "_out", ".build.lock"), func() {
-		if _, err := os.Stat(path); err == nil {
-			return
-		}
-
 		cmd := exec.Command("go", "build", "-o", path, "./service")
 		cmd.Dir = top
+		cmd.Env = append(os.Environ(), "CGO_CFLAGS=-O2 -Wno-deprecated-declarations")
 
 		if out, err := cmd.CombinedOutput(); err != nil {
 			t.Fatalf("building nvidia-driver: %v\n%s", err, out)

@@ -34,7 +34,7 @@ func Write(path string, data []byte, mode os.FileMode) (changed bool, err error)
 	// Whatever happens below, no temporary file is left behind.
 	defer func() {
 		if err != nil {
-			tmp.Close()          //nolint:errcheck // the write error is what matters
+			tmp.Close()           //nolint:errcheck // the write error is what matters
 			os.Remove(tmp.Name()) //nolint:errcheck
 		}
 	}()
