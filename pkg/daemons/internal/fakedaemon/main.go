@@ -12,7 +12,7 @@
 //	FAKEDAEMON_MODE     ok | fail | never-ready | hang-term | crash-after=DURATION
 //	FAKEDAEMON_CONTROL  file whose content, when present, overrides FAKEDAEMON_MODE at each start
 //	FAKEDAEMON_SYSLOG   datagram socket to send syslog lines to (the real daemon uses /dev/log)
-//	FAKEDAEMON_ARGS     file the child appends its command line to (one line per start)
+//	FAKEDAEMON_ARGS     file the parent appends its command line to (one line per start)
 package main
 
 import (
@@ -62,6 +62,12 @@ func parseFlags(args []string) error {
 }
 
 func parent() int {
+	if p := os.Getenv("FAKEDAEMON_ARGS"); p != "" {
+		if f, err := os.OpenFile(p, os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o644); err == nil {
+			fmt.Fprintln(f, strings.Join(os.Args, " "))
+			_ = f.Close()
+		}
+	}
 	r, w, err := os.Pipe()
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "fakedaemon: pipe: %v\n", err)
@@ -133,12 +139,6 @@ func child() int {
 			d.syslog = c
 		}
 	}
-	if p := os.Getenv("FAKEDAEMON_ARGS"); p != "" {
-		if f, err := os.OpenFile(p, os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o644); err == nil {
-			fmt.Fprintln(f, strings.Join(os.Args, " "))
-			_ = f.Close()
-		}
-	}
 	m := mode()
 
 	if err := os.Mkdir(d.runDir, 0o755); err == nil {
@@ -167,7 +167,9 @@ func child() int {
 		return 1
 	}
 	if m == "never-ready" {
-		select {} // the parent waits forever, like a daemon stuck in its init
+		for { // the parent waits forever, like a daemon stuck in its init
+			time.Sleep(time.Hour)
+		}
 	}
 
 	_ = os.Remove(d.socket)
