@@ -73,9 +73,9 @@ func fakeSubroot(t testing.TB) string {
 
 type fixture struct {
 	root, runDir, control, argsFile string
-	spec                           daemons.Spec
-	logs                           *syncBuffer
-	log                            *slog.Logger
+	spec                            daemons.Spec
+	logs                            *syncBuffer
+	log                             *slog.Logger
 }
 
 // newFixture returns a persistenced spec run from a fake subroot, with its run
