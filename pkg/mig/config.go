@@ -202,18 +202,21 @@ func (p *parser) layout(name string, n *yaml.Node) []Entry {
 			e.AllDevices, e.Devices = p.devices(at("devices"), devices)
 		}
 
+		enabledValid := false
+
 		switch {
 		case enabled == nil:
 			p.addf("%s: %s: required", line(en), at("mig-enabled"))
 		case enabled.Kind != yaml.ScalarNode || enabled.ShortTag() != "!!bool":
 			p.addf("%s: %s: must be true or false, got %q", line(enabled), at("mig-enabled"), enabled.Value)
 		default:
+			enabledValid = true
 			e.MigEnabled = enabled.Value == "true" || enabled.Value == "True" || enabled.Value == "TRUE"
 		}
 
 		if migDevices != nil {
 			e.MigDevices = p.migDevices(at("mig-devices"), migDevices)
-			if enabled != nil && !e.MigEnabled && len(e.MigDevices) > 0 {
+			if enabledValid && !e.MigEnabled && len(e.MigDevices) > 0 {
 				p.addf("%s: %s: set while mig-enabled is false", line(migDevices), at("mig-devices"))
 			}
 		}
