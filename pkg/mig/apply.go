@@ -225,6 +225,8 @@ func (a *Applier) applyGPU(ctx context.Context, layout string, gp GPUPlan) Statu
 
 		return st
 	case errors.Is(err, errPendingReboot):
+		// Nothing a workload can see changed: no device nodes or CDI to redo.
+		st.Changed = false
 		st.Result = ResultPendingReboot
 		st.Message = err.Error()
 
