@@ -7,7 +7,9 @@ require (
 	github.com/NVIDIA/nvidia-container-toolkit v1.20.2
 	github.com/cyphar/filepath-securejoin v0.7.0
 	github.com/moby/sys/mountinfo v0.7.2
+	github.com/siderolabs/go-cmd v0.2.1
 	github.com/stretchr/testify v1.12.1
+	go.yaml.in/yaml/v3 v3.0.5
 	golang.org/x/sys v0.50.0
 	gopkg.in/yaml.v3 v3.0.1
 	tags.cncf.io/container-device-interface v1.1.2
@@ -18,6 +20,7 @@ require (
 	cyphar.com/go-pathrs v0.2.6 // indirect
 	github.com/Masterminds/semver/v3 v3.5.0 // indirect
 	github.com/NVIDIA/go-nvlib v0.12.0 // indirect
+	github.com/armon/circbuf v0.0.0-20190214190532-5111143e8da2 // indirect
 	github.com/fsnotify/fsnotify v1.9.0 // indirect
 	github.com/google/uuid v1.6.0 // indirect
 	github.com/moby/sys/devices v0.1.0 // indirect
@@ -31,7 +34,6 @@ require (
 	github.com/sirupsen/logrus v1.9.4 // indirect
 	github.com/urfave/cli-altsrc/v3 v3.1.0 // indirect
 	github.com/urfave/cli/v3 v3.10.1 // indirect
-	go.yaml.in/yaml/v3 v3.0.5 // indirect
 )
 
 tool (
