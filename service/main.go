@@ -16,6 +16,7 @@ import (
 
 	"github.com/talos-nvidia/nvidia-driver/pkg/config"
 	"github.com/talos-nvidia/nvidia-driver/pkg/driverroot"
+	migcli "github.com/talos-nvidia/nvidia-driver/pkg/mig/cli"
 )
 
 // version is set by the build (-X main.version=...).
@@ -26,6 +27,10 @@ const usage = `nvidia-driver: prepares a Talos node's NVIDIA GPUs.
 Usage:
   nvidia-driver [run]            bring the node up and hold it (the extension service)
   nvidia-driver check-root [DIR] check a glibc subroot (default: the configured one)
+  nvidia-driver cdi generate [--output FILE] [flags]
+                                 generate the node's CDI spec (--help for the flags)
+  nvidia-driver mig plan --gpu MODEL [--gpus N] [--config FILE] --select NAME [-o json]
+                                 plan a MIG layout offline on simulated GPUs
   nvidia-driver version          print the version
   nvidia-driver help             this text
 
@@ -47,6 +52,22 @@ func run(args []string, stdout, stderr io.Writer) int {
 		return runService(stderr)
 	case "check-root":
 		return checkRoot(args, stdout, stderr)
+	case "cdi":
+		if len(args) == 0 || args[0] != "generate" {
+			fmt.Fprintln(stderr, "usage: nvidia-driver cdi generate [--output FILE] [flags]")
+
+			return 2
+		}
+
+		return cdiGenerate(args[1:], stdout, stderr)
+	case "mig":
+		if len(args) == 0 || args[0] != "plan" {
+			fmt.Fprintln(stderr, "usage: nvidia-driver mig plan --gpu MODEL [--gpus N] [--config FILE] --select NAME [-o json]")
+
+			return 2
+		}
+
+		return migcli.RunPlanCLI(args[1:], stdout, stderr)
 	case "version", "--version":
 		fmt.Fprintln(stdout, version)
 

@@ -8,6 +8,7 @@ import (
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 
 	"github.com/talos-nvidia/nvidia-driver/pkg/config"
+	"github.com/talos-nvidia/nvidia-driver/pkg/driverroot"
 	"github.com/talos-nvidia/nvidia-driver/pkg/gpu"
 	"github.com/talos-nvidia/nvidia-driver/pkg/gpu/sim"
 	"github.com/talos-nvidia/nvidia-driver/pkg/node"
@@ -15,36 +16,40 @@ import (
 
 // serve wires the node jobs together and runs them until ctx ends.
 func serve(ctx context.Context, log *slog.Logger, cfg config.Config) error {
-	lib, err := openNVML(log, cfg)
-	if err != nil {
-		return err
+	if cfg.Simulate != "" {
+		return serveSimulated(ctx, log, cfg)
 	}
 
-	return node.New(log, cfg, lib).Run(ctx)
+	return node.New(log, cfg, gpu.FromSubroot(cfg.Subroot)).Run(ctx)
 }
 
-// openNVML returns the subroot's NVML, or, for the demo, simulated GPUs whose /proc files
-// are written under the throwaway host root.
-func openNVML(log *slog.Logger, cfg config.Config) (nvml.Interface, error) {
-	if cfg.Simulate == "" {
-		return gpu.FromSubroot(cfg.Subroot), nil
-	}
-
-	lib, err := sim.FromSpec(cfg.Simulate)
+// serveSimulated runs the node jobs on simulated GPUs (the demo), whose /proc files are
+// written under the throwaway host root as a loaded driver would offer them.
+func serveSimulated(ctx context.Context, log *slog.Logger, cfg config.Config) error {
+	simNode, err := sim.FromSpec(cfg.Simulate)
 	if err != nil {
-		return nil, fmt.Errorf("simulate: %w", err)
+		return fmt.Errorf("simulate: %w", err)
 	}
 
-	if ret := lib.Init(); ret != nvml.SUCCESS {
-		return nil, fmt.Errorf("simulate: %w", ret)
+	// nvcdi finds the driver's libraries by the version NVML reports: the subroot's.
+	if v := driverroot.Check(cfg.Subroot).DriverVersion; v != "" {
+		simNode.DriverVersion = v
 	}
-	defer lib.Shutdown() //nolint:errcheck
 
-	if err := sim.WriteProcFS(cfg.HostRoot, lib); err != nil {
-		return nil, err
+	writeProc := func() error {
+		if ret := simNode.Init(); ret != nvml.SUCCESS {
+			return fmt.Errorf("simulate: %w", ret)
+		}
+		defer simNode.Shutdown() //nolint:errcheck
+
+		return sim.WriteProcFS(cfg.HostRoot, simNode)
+	}
+
+	if err := writeProc(); err != nil {
+		return err
 	}
 
 	log.Warn("using simulated GPUs", "spec", cfg.Simulate)
 
-	return lib, nil
+	return node.New(log, cfg, simNode, node.WithSimulatedProc(writeProc)).Run(ctx)
 }

@@ -8,6 +8,7 @@ import (
 
 	"github.com/talos-nvidia/nvidia-driver/pkg/atomicfile"
 	"github.com/talos-nvidia/nvidia-driver/pkg/gpu"
+	"github.com/talos-nvidia/nvidia-driver/pkg/mig"
 )
 
 // Phases of the node, in the order a healthy bring-up passes them.
@@ -21,14 +22,17 @@ const (
 
 // Status is what the service reports, in its log and as JSON in the status file.
 type Status struct {
-	Phase         string    `json:"phase"`
-	Message       string    `json:"message"`
-	Updated       time.Time `json:"updated"`
-	Subroot       string    `json:"subroot"`
-	DriverVersion string    `json:"driverVersion,omitempty"`
-	DriverRoot    string    `json:"driverRoot,omitempty"` // the mount, once made
-	GPUs          []gpu.GPU `json:"gpus,omitempty"`
-	DeviceNodes   int       `json:"deviceNodes,omitempty"`
+	Phase         string       `json:"phase"`
+	Message       string       `json:"message"`
+	Updated       time.Time    `json:"updated"`
+	Subroot       string       `json:"subroot"`
+	DriverVersion string       `json:"driverVersion,omitempty"`
+	DriverRoot    string       `json:"driverRoot,omitempty"` // the mount, once made
+	GPUs          []gpu.GPU    `json:"gpus,omitempty"`
+	DeviceNodes   int          `json:"deviceNodes,omitempty"`
+	MIG           []mig.Status `json:"mig,omitempty"`
+	Persistenced  string       `json:"persistenced,omitempty"`
+	CDISpec       string       `json:"cdiSpec,omitempty"`
 }
 
 // statusFile keeps the latest status and writes it whole on every change.

@@ -8,7 +8,7 @@ import (
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 
-	"github.com/talos-nvidia/nvidia-driver/pkg/gpu"
+	gpuinfo "github.com/talos-nvidia/nvidia-driver/pkg/gpu"
 )
 
 // Device majors of the simulated node, as a loaded driver lists them in /proc/devices.
@@ -56,7 +56,7 @@ func WriteProcFS(hostRoot string, lib nvml.Interface) error {
 
 	files["proc/driver/nvidia/version"] = fmt.Sprintf("NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  %s  Simulated\nGCC version:  gcc\n", version)
 
-	gpus, err := gpu.List(lib)
+	gpus, err := gpuinfo.List(lib)
 	if err != nil {
 		return err
 	}

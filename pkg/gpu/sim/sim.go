@@ -464,3 +464,11 @@ func (n *Node) DeviceGetHandleByUUID(uuid string) (nvml.Device, nvml.Return) {
 func (n *Node) handle(g *gpu) *Device {
 	return &Device{Device: &mock.Device{}, n: n, g: g, gen: g.generation}
 }
+
+// Extensions reports every NVML symbol as present: the simulated library implements the
+// calls that go-nvlib probes for (MIG) itself.
+func (n *Node) Extensions() nvml.ExtendedInterface { return allSymbols{} }
+
+type allSymbols struct{}
+
+func (allSymbols) LookupSymbol(string) error { return nil }
