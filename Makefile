@@ -20,7 +20,7 @@ GO_LDFLAGS := -s -w -X main.version=$(VERSION)
 HOOK_PKG := github.com/NVIDIA/nvidia-container-toolkit/cmd/nvidia-cdi-hook
 SUBROOT := $(OUT)/subroot-debian
 
-.PHONY: all build subroot test lint demo deps clean
+.PHONY: all build subroot test lint demo deps clean e2e-tools e2e-gpu
 
 all: build
 
@@ -50,6 +50,19 @@ lint:
 
 demo: build
 	hack/demo.sh
+
+# What the GPU end-to-end test needs besides `make build`: nvidia-ctk from the same toolkit
+# version (the reference), its Go helper, the persistenced test driver, and Debian's runc
+# as .deb files for hosts without runc.
+e2e-tools: build
+	go build -trimpath -o $(OUT)/bin/nvidia-ctk github.com/NVIDIA/nvidia-container-toolkit/cmd/nvidia-ctk
+	go build -trimpath -o $(OUT)/bin/cdi-e2e ./hack/cdi-e2e
+	CGO_ENABLED=0 go build -trimpath -o $(OUT)/bin/persistenced-e2e ./hack/persistenced-e2e
+	mkdir -p $(OUT)/debs && cd $(OUT)/debs && apt-get download -q runc libseccomp2 >/dev/null
+
+# On a host with an NVIDIA GPU (skipped elsewhere): see hack/e2e-gpu.sh.
+e2e-gpu: e2e-tools
+	hack/e2e-gpu.sh
 
 clean:
 	rm -rf $(OUT)
