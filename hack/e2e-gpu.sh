@@ -201,7 +201,7 @@ t0=$(date +%s%N); kill -TERM $spid; wait $spid; rc=$?
 ms=$(( ($(date +%s%N) - t0) / 1000000 ))
 [ $rc = 0 ] && [ $ms -lt 10000 ] && r=PASS || r=FAIL
 result "SIGTERM: service exit code $rc after $ms ms" $r
-pgrep -x nvidia-persistenced >/dev/null && r=FAIL || r=PASS
+pgrep -f 'bin/nvidia-persistenced' >/dev/null && r=FAIL || r=PASS
 result "nvidia-persistenced stopped with the service" $r
 findmnt -n /run/nvidia/driver >/dev/null && r=PASS || r=FAIL
 result "driver root still mounted after the service stopped" $r

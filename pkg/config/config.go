@@ -24,6 +24,11 @@ const Version = "v1alpha1"
 // EnvPrefix starts every environment variable the service reads.
 const EnvPrefix = "NVIDIA_DRIVER_"
 
+// foreignEnv are NVIDIA's own variables that share our prefix: CUDA images and the container
+// toolkit set NVIDIA_DRIVER_CAPABILITIES, the device plugin reads NVIDIA_DRIVER_ROOT. They
+// are not ours, so the strict check leaves them alone.
+var foreignEnv = map[string]bool{"NVIDIA_DRIVER_CAPABILITIES": true, "NVIDIA_DRIVER_ROOT": true}
+
 // EnvConfigFile names the configuration file; DefaultConfigFile is used when it is unset,
 // and may be absent.
 const (
@@ -111,7 +116,7 @@ func Load(environ []string) (Config, error) {
 
 	for _, kv := range environ {
 		k, v, _ := strings.Cut(kv, "=")
-		if strings.HasPrefix(k, EnvPrefix) {
+		if strings.HasPrefix(k, EnvPrefix) && !foreignEnv[k] {
 			env[k] = v
 		}
 	}

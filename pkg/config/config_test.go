@@ -98,6 +98,13 @@ func TestVersion(t *testing.T) {
 	}
 }
 
+// TestNVIDIAVariablesAreNotOurs: environments of NVIDIA's tools carry variables with our
+// prefix (seen on a GPU host: NVIDIA_DRIVER_CAPABILITIES); they must not fail the service.
+func TestNVIDIAVariablesAreNotOurs(t *testing.T) {
+	_, err := load(t, "version: v1alpha1\n", "NVIDIA_DRIVER_CAPABILITIES=compute,utility", "NVIDIA_DRIVER_ROOT=/run/nvidia/driver")
+	require.NoError(t, err)
+}
+
 func TestExplicitFileMustExist(t *testing.T) {
 	_, err := config.Load([]string{config.EnvConfigFile + "=/nonexistent/config.yaml"})
 	require.ErrorContains(t, err, "reading configuration file: open /nonexistent/config.yaml")
