@@ -49,12 +49,12 @@ if [ "${E2E_INNER:-}" != 1 ]; then
   # Cold, end to end (process start, NVML init, spec, write), each tool on its own layout:
   # nvidia-ctk on the host's installed driver, ours on the subroot built from it.
   echo "== benchmark: nvidia-driver cdi generate vs nvidia-ctk cdi generate"
-  "$out/bin/cdi-e2e" bench -n "${BENCH_RUNS:-11}" --name-a nvidia-ctk \
+  [ -n "${E2E_SKIP_BENCH:-}" ] || "$out/bin/cdi-e2e" bench -n "${BENCH_RUNS:-11}" --name-a nvidia-ctk \
     --a "$out/bin/nvidia-ctk cdi generate --output $W/bench-ctk.yaml" \
     --name-b nvidia-driver --b "$C/lib64/ld-linux-x86-64.so.2 --library-path $C/lib/x86_64-linux-gnu $C/usr/bin/nvidia-driver cdi generate --driver-root $W/subroot --output $W/bench-ours.yaml" \
     | sed 's/^/  /'
 
-  if [ -x "$out/bin/persistenced-e2e" ]; then
+  if [ -x "$out/bin/persistenced-e2e" ] && [ -z "${E2E_SKIP_PERSISTENCED:-}" ]; then
     echo "== nvidia-persistenced under the supervisor (hack/e2e-persistenced.sh)"
     "$top/hack/e2e-persistenced.sh" "$W/subroot" "$out/bin/persistenced-e2e" -- --kills 10 2>&1 | sed 's/^/  /'
   fi
@@ -107,7 +107,8 @@ C=$out/containers/nvidia-driver
 svc() { "$C/lib64/ld-linux-x86-64.so.2" --library-path "$C/lib/x86_64-linux-gnu" "$C/usr/bin/nvidia-driver" "$@"; }
 export NVIDIA_DRIVER_SUBROOT=/usr/local/glibc NVIDIA_DRIVER_PERSISTENCE_MODE=false
 start=$(date +%s%N)
-svc run 2>"$W/service.log" &
+# exec: $! must be the service itself, so that the SIGTERM below reaches it.
+( exec "$C/lib64/ld-linux-x86-64.so.2" --library-path "$C/lib/x86_64-linux-gnu" "$C/usr/bin/nvidia-driver" run 2>"$W/service.log" ) &
 spid=$!
 for _ in $(seq 600); do
   grep -q '"phase": "ready"' /run/nvidia-driver/status.json 2>/dev/null && break
@@ -134,7 +135,8 @@ echo "== compare our spec with nvidia-ctk's"
 result "our spec covers nvidia-ctk's (names, device nodes, mounts)" $r
 
 mkdir -p "$W/dp"
-svc cdi generate --driver-root /run/nvidia/driver --vendor k8s.device-plugin.nvidia.com --ldconfig-path "" \
+echo "[$(date +%T)] device-plugin-style spec" >&2
+timeout 60 "$C/lib64/ld-linux-x86-64.so.2" --library-path "$C/lib/x86_64-linux-gnu" "$C/usr/bin/nvidia-driver" cdi generate --driver-root /run/nvidia/driver --vendor k8s.device-plugin.nvidia.com --ldconfig-path "" \
   --output "$W/dp/k8s.device-plugin.nvidia.com-gpu.yaml" 2>"$W/dp.log" && r=PASS || { r=FAIL; cat "$W/dp.log"; }
 result "device-plugin-style spec generated" $r
 
@@ -154,7 +156,16 @@ ctr() { # name spec-dir device-or-empty args...
   local inj=(--spec-dir "$dir" --config "$b/config.json" --rootfs "$W/rootfs")
   [ -n "$dev" ] && inj+=(--device "$dev")
   "$out/bin/cdi-e2e" inject "${inj[@]}" -- "$@" || return 1
-  timeout 300 runc run --bundle "$b" "e2e-$name-$$" 2>&1
+  echo "[$(date +%T.%N | cut -c1-12)] runc run $name" >&2
+  timeout -k 5 "${E2E_CTR_TIMEOUT:-120}" runc --log "$b/runc.log" run --bundle "$b" "e2e-$name-$$" </dev/null 2>&1
+  local rc=$?
+  if [ $rc = 124 ] || [ $rc = 137 ]; then
+    echo "TIMEOUT running $name; processes:" >&2
+    ps -eo pid,ppid,stat,wchan:20,args --forest | grep -v '\[' | tail -25 >&2
+    tail -5 "$b/runc.log" >&2
+    runc delete -f "e2e-$name-$$" >/dev/null 2>&1
+  fi
+  echo "[$(date +%T.%N | cut -c1-12)] runc exit $rc" >&2
 }
 
 out1=$(ctr smi /run/cdi nvidia.com/gpu=all nvidia-smi -L); echo "$out1" | sed 's/^/  /'
