@@ -21,6 +21,7 @@ require (
 	github.com/pelletier/go-toml v1.9.5 // indirect
 	github.com/prometheus/procfs v0.21.1 // indirect
 	github.com/sirupsen/logrus v1.9.4 // indirect
+	github.com/stretchr/testify v1.12.1 // indirect
 	github.com/urfave/cli-altsrc/v3 v3.1.0 // indirect
 	github.com/urfave/cli/v3 v3.10.1 // indirect
 	go.yaml.in/yaml/v3 v3.0.5 // indirect
