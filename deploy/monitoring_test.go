@@ -140,9 +140,9 @@ func TestRulesContent(t *testing.T) {
 
 // grafanaDashboard is the part of a dashboard the tests look at.
 type grafanaDashboard struct {
-	Title  string         `json:"title"`
-	UID    string         `json:"uid"`
-	Panels []grafanaPanel `json:"panels"`
+	Title      string         `json:"title"`
+	UID        string         `json:"uid"`
+	Panels     []grafanaPanel `json:"panels"`
 	Templating struct {
 		List []struct {
 			Name  string `json:"name"`
