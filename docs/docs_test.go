@@ -141,7 +141,7 @@ func TestExamplePods(t *testing.T) {
 var (
 	fence     = regexp.MustCompile("^```")
 	repoPath  = regexp.MustCompile("(?:^|[\\s`(])((?:deploy|docs|hack|pkg)/[A-Za-z0-9_./-]*[A-Za-z0-9_])")
-	makeCall  = regexp.MustCompile("\\bmake ([a-z][a-z0-9-]*)")
+	makeCall  = regexp.MustCompile("(?m)(?:`|^\\s*)make ([a-z][a-z0-9-]*)") // in code, not prose
 	patchLike = regexp.MustCompile(`(?m)^(machine|cluster):|^kind: ExtensionServiceConfig`)
 )
 
