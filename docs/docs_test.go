@@ -64,7 +64,7 @@ func TestMachineConfigPatches(t *testing.T) {
 			layout, ok := files["nvidia-driver"]["/etc/nvidia-driver/mig.yaml"]
 			require.True(t, ok, "the MIG layout file is mounted at /etc/nvidia-driver/mig.yaml")
 			var migParted struct {
-				Version    string                       `json:"version"`
+				Version    string                      `json:"version"`
 				MigConfigs map[string][]map[string]any `json:"mig-configs"`
 			}
 			require.NoError(t, yaml.UnmarshalStrict([]byte(layout), &migParted))
