@@ -6,6 +6,7 @@ package docs_test
 
 import (
 	"bufio"
+	"fmt"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -24,6 +25,11 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	"sigs.k8s.io/yaml"
+
+	"github.com/talos-nvidia/nvidia-driver/pkg/config"
+	"github.com/talos-nvidia/nvidia-driver/pkg/gpu/sim"
+	"github.com/talos-nvidia/nvidia-driver/pkg/mig"
+	migcli "github.com/talos-nvidia/nvidia-driver/pkg/mig/cli"
 )
 
 const root = ".."
@@ -37,9 +43,17 @@ func (metal) InContainer() bool     { return false }
 
 var _ validation.RuntimeMode = metal{}
 
-func TestMachineConfigPatches(t *testing.T) {
-	// A worker config as `talosctl gen config` makes it; it validates on its own, so an
-	// error below comes from the patch.
+// patched is a machine config patch merged onto a generated worker config.
+type patched struct {
+	modules, labels []string
+	env             map[string][]string          // by extension service
+	files           map[string]map[string]string // by service, then mount path
+}
+
+// workerConfig returns a generated worker config, as `talosctl gen config` makes it; it
+// validates on its own, so a validation error after patching comes from the patch.
+func workerConfig(t *testing.T) *generate.Input {
+	t.Helper()
 	input, err := generate.NewInput("gpu", "https://gpu.example.com:6443", constants.DefaultKubernetesVersion,
 		generate.WithInstallDisk("/dev/nvme0n1"))
 	require.NoError(t, err)
@@ -47,77 +61,118 @@ func TestMachineConfigPatches(t *testing.T) {
 	require.NoError(t, err)
 	_, err = plain.Validate(metal{}, validation.WithStrict())
 	require.NoError(t, err)
+	return input
+}
 
-	patches, err := filepath.Glob("examples/*.patch.yaml")
+// applyPatch loads a patch the way talosctl does, merges it onto a worker config and
+// validates the result strictly; the nvidia-driver service's settings in it are checked
+// with the service's own loader and its MIG layout file with the MIG package's parser.
+func applyPatch(t *testing.T, input *generate.Input, data []byte) patched {
+	t.Helper()
+	// Talos's loader, strict about unknown fields.
+	_, err := configloader.NewFromBytes(data, configloader.WithAllowPatchDelete())
 	require.NoError(t, err)
-	require.NotEmpty(t, patches)
+	patch, err := configpatcher.LoadPatch(data)
+	require.NoError(t, err)
+	_, isStrategic := patch.(configpatcher.StrategicMergePatch)
+	require.True(t, isStrategic, "a strategic merge patch")
 
-	checks := map[string]func(t *testing.T, env map[string][]string, cfgFiles map[string]map[string]string, modules, labels []string){
-		"gpu-worker.patch.yaml": func(t *testing.T, _ map[string][]string, _ map[string]map[string]string, modules, labels []string) {
-			assert.Equal(t, []string{"nvidia", "nvidia_uvm", "nvidia_drm", "nvidia_modeset"}, modules)
-			// deploy/'s DaemonSets select on this label (siderolabs/talos#12103).
-			assert.Contains(t, labels, "nvidia.com/gpu.present=true")
-		},
-		"mig.patch.yaml": func(t *testing.T, env map[string][]string, files map[string]map[string]string, _, labels []string) {
-			assert.Contains(t, labels, "nvidia.com/device-plugin.config=mixed")
-			assert.Contains(t, env["nvidia-driver"], "NVIDIA_DRIVER_MIG_LAYOUT=h200-balanced")
-			layout, ok := files["nvidia-driver"]["/etc/nvidia-driver/mig.yaml"]
-			require.True(t, ok, "the MIG layout file is mounted at /etc/nvidia-driver/mig.yaml")
-			var migParted struct {
-				Version    string                      `json:"version"`
-				MigConfigs map[string][]map[string]any `json:"mig-configs"`
+	base, err := input.Config(machine.TypeWorker)
+	require.NoError(t, err)
+	out, err := configpatcher.Apply(configpatcher.WithConfig(base), []configpatcher.Patch{patch})
+	require.NoError(t, err)
+	cfg, err := out.Config()
+	require.NoError(t, err)
+	warnings, err := cfg.Validate(metal{}, validation.WithStrict())
+	require.NoError(t, err)
+	assert.Empty(t, warnings)
+
+	p := patched{env: map[string][]string{}, files: map[string]map[string]string{}}
+	for _, m := range cfg.Machine().Kernel().Modules() {
+		p.modules = append(p.modules, m.Name())
+	}
+	for k, v := range cfg.Machine().NodeLabels() {
+		p.labels = append(p.labels, k+"="+v)
+	}
+	for _, ext := range cfg.ExtensionServiceConfigs() {
+		p.env[ext.Name()] = ext.Environment()
+		p.files[ext.Name()] = map[string]string{}
+		for _, f := range ext.ConfigFiles() {
+			p.files[ext.Name()][f.MountPath()] = f.Content()
+		}
+	}
+	for name := range p.env {
+		assert.Equal(t, "nvidia-driver", name, "the extension's service is named nvidia-driver")
+	}
+	if env, ok := p.env["nvidia-driver"]; ok {
+		svc, err := config.Load(env)
+		require.NoError(t, err, "the service rejects its environment")
+		if content, ok := p.files["nvidia-driver"][svc.MIGConfig]; ok {
+			layouts, err := mig.Parse([]byte(content))
+			require.NoError(t, err, "the service rejects its MIG layout file")
+			if svc.MIGLayout != "" && !slices.Contains(mig.BuiltinLayouts(), svc.MIGLayout) {
+				_, err := layouts.Select(svc.MIGLayout)
+				require.NoError(t, err)
 			}
-			require.NoError(t, yaml.UnmarshalStrict([]byte(layout), &migParted))
-			assert.Equal(t, "v1", migParted.Version)
-			assert.Contains(t, migParted.MigConfigs, "h200-balanced", "the layout the environment names is in the file")
-		},
+		}
+	}
+	return p
+}
+
+func TestMachineConfigPatches(t *testing.T) {
+	input := workerConfig(t)
+
+	examples, err := filepath.Glob("examples/*.yaml")
+	require.NoError(t, err)
+
+	// What each patch must do beyond validating, and for MIG patches the GPU they are
+	// written for: the layout is planned on simulated GPUs of that model.
+	checks := map[string]struct {
+		check func(t *testing.T, p patched)
+		gpu   string
+	}{
+		"gpu-worker.patch.yaml": {check: func(t *testing.T, p patched) {
+			assert.Equal(t, []string{"nvidia", "nvidia_uvm", "nvidia_drm", "nvidia_modeset"}, p.modules)
+			// deploy/'s DaemonSets select on this label (siderolabs/talos#12103).
+			assert.Contains(t, p.labels, "nvidia.com/gpu.present=true")
+		}},
+		"mig.patch.yaml": {gpu: "h200", check: func(t *testing.T, p patched) {
+			assert.Contains(t, p.labels, "nvidia.com/device-plugin.config=mixed")
+			assert.Contains(t, p.env["nvidia-driver"], "NVIDIA_DRIVER_MIG_LAYOUT=h200-balanced")
+		}},
+		"mig-patch.yaml": {gpu: "h100-80gb", check: func(t *testing.T, p patched) {
+			assert.Contains(t, p.env["nvidia-driver"], "NVIDIA_DRIVER_MIG_LAYOUT=inference-h100")
+		}},
 	}
 
-	for _, path := range patches {
+	seen := 0
+	for _, path := range examples {
+		data, err := os.ReadFile(path)
+		require.NoError(t, err)
+		if !patchLike.Match(data) {
+			continue // a Kubernetes manifest
+		}
+		seen++
 		t.Run(filepath.Base(path), func(t *testing.T) {
-			data, err := os.ReadFile(path)
-			require.NoError(t, err)
-
-			// Talos's loader, strict about unknown fields, as talosctl uses for patches.
-			_, err = configloader.NewFromBytes(data, configloader.WithAllowPatchDelete())
-			require.NoError(t, err)
-			patch, err := configpatcher.LoadPatch(data)
-			require.NoError(t, err)
-			_, isStrategic := patch.(configpatcher.StrategicMergePatch)
-			require.True(t, isStrategic, "a strategic merge patch, as the docs apply it")
-
-			// Merged onto a generated worker config, the result validates strictly.
-			base, err := input.Config(machine.TypeWorker)
-			require.NoError(t, err)
-			out, err := configpatcher.Apply(configpatcher.WithConfig(base), []configpatcher.Patch{patch})
-			require.NoError(t, err)
-			cfg, err := out.Config()
-			require.NoError(t, err)
-			warnings, err := cfg.Validate(metal{}, validation.WithStrict())
-			require.NoError(t, err)
-			assert.Empty(t, warnings)
-
-			var modules, labels []string
-			for _, m := range cfg.Machine().Kernel().Modules() {
-				modules = append(modules, m.Name())
-			}
-			for k, v := range cfg.Machine().NodeLabels() {
-				labels = append(labels, k+"="+v)
-			}
-			env := map[string][]string{}
-			files := map[string]map[string]string{}
-			for _, ext := range cfg.ExtensionServiceConfigs() {
-				env[ext.Name()] = ext.Environment()
-				files[ext.Name()] = map[string]string{}
-				for _, f := range ext.ConfigFiles() {
-					files[ext.Name()][f.MountPath()] = f.Content()
-				}
-			}
-			check, ok := checks[filepath.Base(path)]
+			c, ok := checks[filepath.Base(path)]
 			require.True(t, ok, "add a check for %s", path)
-			check(t, env, files, modules, labels)
+			p := applyPatch(t, input, data)
+			c.check(t, p)
+			if c.gpu == "" {
+				return
+			}
+			svc, err := config.Load(p.env["nvidia-driver"])
+			require.NoError(t, err)
+			layouts, err := mig.Parse([]byte(p.files["nvidia-driver"][svc.MIGConfig]))
+			require.NoError(t, err)
+			spec, err := sim.LookupModel(c.gpu)
+			require.NoError(t, err)
+			plan, err := migcli.Plan(spec, 2, layouts, svc.MIGLayout)
+			require.NoError(t, err, "layout %q does not fit two %s", svc.MIGLayout, c.gpu)
+			require.NotNil(t, plan)
 		})
 	}
+	assert.Equal(t, len(checks), seen, "every checked patch exists")
 }
 
 func TestExamplePods(t *testing.T) {
@@ -186,23 +241,27 @@ func codeBlocks(t *testing.T, file string) []block {
 	return blocks
 }
 
-// A machine config patch shown in the docs is the verbatim content of a tested file,
-// named by its first line.
-func TestDocsShowOnlyTestedPatches(t *testing.T) {
+// Every machine config patch shown in the docs validates like the example files, and
+// one that names its file on its first line (`# docs/examples/NAME`) is that file
+// verbatim.
+func TestDocsPatchesValidate(t *testing.T) {
+	input := workerConfig(t)
 	shown := 0
 	for _, file := range markdownFiles(t) {
 		for _, b := range codeBlocks(t, file) {
 			if !patchLike.MatchString(b.text) {
 				continue
 			}
-			first, _, _ := strings.Cut(b.text, "\n")
-			name, ok := strings.CutPrefix(first, "# docs/examples/")
-			require.True(t, ok, "%s:%d: a machine config patch must be one of docs/examples/*.patch.yaml, shown with its first line `# docs/examples/NAME`", b.file, b.line)
-			require.True(t, strings.HasSuffix(name, ".patch.yaml"), "%s:%d", b.file, b.line)
-			want, err := os.ReadFile(filepath.Join("examples", name))
-			require.NoError(t, err, "%s:%d", b.file, b.line)
-			assert.Equal(t, string(want), b.text, "%s:%d: differs from docs/examples/%s", b.file, b.line, name)
 			shown++
+			t.Run(fmt.Sprintf("%s:%d", filepath.Base(b.file), b.line), func(t *testing.T) {
+				applyPatch(t, input, []byte(b.text))
+				first, _, _ := strings.Cut(b.text, "\n")
+				if name, ok := strings.CutPrefix(first, "# docs/examples/"); ok {
+					want, err := os.ReadFile(filepath.Join("examples", name))
+					require.NoError(t, err)
+					assert.Equal(t, string(want), b.text, "differs from docs/examples/%s", name)
+				}
+			})
 		}
 	}
 	assert.Positive(t, shown)

@@ -1,0 +1,68 @@
+# nvidia-driver for Talos Linux.
+#
+#   make build   the service (for this machine and for the extension), the CDI hook, a static ldconfig
+#   make test    everything CI runs (installs what the tests need first)
+#   make demo    the service against a simulated GPU node, in a private mount namespace
+#   make lint    gofmt and go vet
+
+SHELL := /bin/bash
+OUT ?= _out
+# Where the extension puts the glibc subroot on a Talos node. Programs that the host runs
+# directly (the CDI hook) take their ELF interpreter and libc from there.
+GLIBC_ROOT ?= /usr/local/glibc
+VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
+
+export CGO_ENABLED := 1
+# go-nvml's header marks some calls deprecated; the warnings are noise.
+export CGO_CFLAGS := -O2 -Wno-deprecated-declarations
+
+GO_LDFLAGS := -s -w -X main.version=$(VERSION)
+HOOK_PKG := github.com/NVIDIA/nvidia-container-toolkit/cmd/nvidia-cdi-hook
+SUBROOT := $(OUT)/subroot-debian
+
+.PHONY: all build subroot test lint demo deps clean e2e-tools e2e-gpu
+
+all: build
+
+build: $(SUBROOT)
+	go build -trimpath -ldflags '$(GO_LDFLAGS)' -o $(OUT)/bin/nvidia-driver ./service
+	go build -trimpath -o $(OUT)/bin/nvidia-cdi-hook \
+	  -ldflags "-s -w -linkmode external -extldflags '-Wl,--dynamic-linker=$(GLIBC_ROOT)/lib64/ld-linux-x86-64.so.2 -Wl,-rpath,$(GLIBC_ROOT)/usr/lib64'" \
+	  $(HOOK_PKG)
+	install -m 0755 $(SUBROOT)/sbin/ldconfig $(OUT)/bin/ldconfig
+	hack/stage-service-rootfs.sh $(OUT)/bin/nvidia-driver $(OUT)/containers/nvidia-driver
+
+# The development subroot, from Debian's non-free packages (the tests' and the demo's fixture).
+subroot: $(SUBROOT)
+$(SUBROOT):
+	hack/build-subroot.sh debian $(SUBROOT)
+
+# Debian packages and tools the tests use (runc, util-linux's unshare).
+deps:
+	hack/install-test-deps.sh
+
+test: deps build lint
+	go test -count=1 ./...
+
+lint:
+	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt would change:"; echo "$$out"; exit 1; fi
+	go vet ./...
+
+demo: build
+	hack/demo.sh
+
+# What the GPU end-to-end test needs besides `make build`: nvidia-ctk from the same toolkit
+# version (the reference), its Go helper, the persistenced test driver, and Debian's runc
+# as .deb files for hosts without runc.
+e2e-tools: build
+	go build -trimpath -o $(OUT)/bin/nvidia-ctk github.com/NVIDIA/nvidia-container-toolkit/cmd/nvidia-ctk
+	go build -trimpath -o $(OUT)/bin/cdi-e2e ./hack/cdi-e2e
+	CGO_ENABLED=0 go build -trimpath -o $(OUT)/bin/persistenced-e2e ./hack/persistenced-e2e
+	mkdir -p $(OUT)/debs && cd $(OUT)/debs && apt-get download -q runc libseccomp2 >/dev/null
+
+# On a host with an NVIDIA GPU (skipped elsewhere): see hack/e2e-gpu.sh.
+e2e-gpu: e2e-tools
+	hack/e2e-gpu.sh
+
+clean:
+	rm -rf $(OUT)

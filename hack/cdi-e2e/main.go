@@ -1,0 +1,314 @@
+// Command cdi-e2e holds the steps of the GPU end-to-end test that need Go: injecting a CDI
+// device into an OCI runtime config the way containerd does, comparing two CDI specs, and
+// timing two commands against each other. hack/e2e-gpu.sh drives it.
+//
+//	cdi-e2e inject --spec-dir DIR --config BUNDLE/config.json [--device nvidia.com/gpu=all ...] [--rootfs DIR] -- ARGS...
+//	cdi-e2e compare OURS THEIRS
+//	cdi-e2e bench -n 10 --a "CMD..." --b "CMD..."
+package main
+
+import (
+	"encoding/json"
+	"flag"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"sort"
+	"strings"
+	"syscall"
+	"time"
+
+	oci "github.com/opencontainers/runtime-spec/specs-go"
+	"tags.cncf.io/container-device-interface/pkg/cdi"
+	"tags.cncf.io/container-device-interface/specs-go"
+)
+
+func main() {
+	if len(os.Args) < 2 {
+		fmt.Fprintln(os.Stderr, "usage: cdi-e2e inject|compare|bench ...")
+		os.Exit(2)
+	}
+
+	var err error
+
+	switch os.Args[1] {
+	case "inject":
+		err = inject(os.Args[2:])
+	case "compare":
+		err = compare(os.Args[2:])
+	case "bench":
+		err = bench(os.Args[2:])
+	default:
+		err = fmt.Errorf("unknown command %q", os.Args[1])
+	}
+
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "cdi-e2e:", err)
+		os.Exit(1)
+	}
+}
+
+type list []string
+
+func (l *list) String() string     { return strings.Join(*l, ",") }
+func (l *list) Set(v string) error { *l = append(*l, v); return nil }
+
+// inject rewrites a `runc spec` config: rootfs, process, and the CDI edits of the devices,
+// applied with the CDI library as containerd applies them.
+func inject(args []string) error {
+	fs := flag.NewFlagSet("inject", flag.ContinueOnError)
+	specDir := fs.String("spec-dir", "", "CDI spec directory")
+	config := fs.String("config", "", "OCI config.json to rewrite")
+	rootfs := fs.String("rootfs", "", "container root filesystem")
+	var devices, env list
+	fs.Var(&devices, "device", "CDI device to inject (repeatable)")
+	fs.Var(&env, "env", "extra environment (repeatable)")
+
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+
+	data, err := os.ReadFile(*config)
+	if err != nil {
+		return err
+	}
+
+	var spec oci.Spec
+	if err := json.Unmarshal(data, &spec); err != nil {
+		return fmt.Errorf("%s: %w", *config, err)
+	}
+
+	spec.Root = &oci.Root{Path: *rootfs}
+	spec.Process.Terminal = false
+	spec.Process.Args = fs.Args()
+	spec.Process.Env = append([]string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "HOME=/root"}, env...)
+	// The workload is a test of devices, not of confinement: keep the default namespaces
+	// but let it see the GPU the way a Kubernetes pod with a device does.
+	spec.Hostname = "cdi-e2e"
+
+	if len(devices) > 0 {
+		cache, err := cdi.NewCache(cdi.WithSpecDirs(*specDir), cdi.WithAutoRefresh(false))
+		if err != nil {
+			return fmt.Errorf("loading CDI specs from %s: %w", *specDir, err)
+		}
+
+		for path, errs := range cache.GetErrors() {
+			return fmt.Errorf("CDI spec %s: %v", path, errs)
+		}
+
+		if unresolved, err := cache.InjectDevices(&spec, devices...); err != nil {
+			return fmt.Errorf("injecting %v (unresolved %v): %w", devices, unresolved, err)
+		}
+	}
+
+	out, err := json.MarshalIndent(&spec, "", "  ")
+	if err != nil {
+		return err
+	}
+
+	return os.WriteFile(*config, out, 0o644)
+}
+
+// compare checks that our spec offers what nvidia-ctk's offers: the same device names,
+// every device node of theirs, and every mount of theirs or a stated reason.
+func compare(args []string) error {
+	if len(args) != 2 {
+		return fmt.Errorf("usage: compare OURS THEIRS")
+	}
+
+	ours, err := cdi.ReadSpec(args[0], 0)
+	if err != nil {
+		return err
+	}
+
+	theirs, err := cdi.ReadSpec(args[1], 0)
+	if err != nil {
+		return err
+	}
+
+	names := func(s *specs.Spec) []string {
+		var n []string
+		for _, d := range s.Devices {
+			n = append(n, d.Name)
+		}
+
+		sort.Strings(n)
+
+		return n
+	}
+
+	problems := 0
+
+	on, tn := names(ours.Spec), names(theirs.Spec)
+	fmt.Printf("device names: ours %v, theirs %v\n", on, tn)
+
+	if !slices.Equal(on, tn) {
+		fmt.Println("  DIFFERENT device names")
+		problems++
+	}
+
+	nodes := func(s *specs.Spec) map[string]bool {
+		m := map[string]bool{}
+		for _, n := range s.ContainerEdits.DeviceNodes {
+			m[n.Path] = true
+		}
+
+		for _, d := range s.Devices {
+			for _, n := range d.ContainerEdits.DeviceNodes {
+				m[n.Path] = true
+			}
+		}
+
+		return m
+	}
+
+	ourNodes, theirNodes := nodes(ours.Spec), nodes(theirs.Spec)
+	for p := range theirNodes {
+		if !ourNodes[p] {
+			fmt.Printf("  MISSING device node %s\n", p)
+			problems++
+		}
+	}
+
+	fmt.Printf("device nodes: ours %d, theirs %d, all of theirs in ours: %t\n", len(ourNodes), len(theirNodes), problems == 0)
+
+	// Mounts are compared by file name: their driver root is the host's installed tree
+	// (/usr/local/nvidia/lib64 here), ours is the subroot (usr/lib64), so the directories
+	// differ by design; the files must not.
+	mounts := func(s *specs.Spec) map[string]string {
+		m := map[string]string{}
+		for _, mt := range s.ContainerEdits.Mounts {
+			m[filepath.Base(mt.ContainerPath)] = mt.ContainerPath
+		}
+
+		return m
+	}
+
+	ourMounts, theirMounts := mounts(ours.Spec), mounts(theirs.Spec)
+	missing := 0
+
+	for base, path := range theirMounts {
+		if _, ok := ourMounts[base]; ok {
+			continue
+		}
+
+		reason := mountReason(base)
+		fmt.Printf("  mount of theirs not in ours: %s (%s)\n", path, reason)
+
+		if reason == "UNEXPLAINED" {
+			problems++
+		}
+
+		missing++
+	}
+
+	fmt.Printf("mounts: ours %d, theirs %d, theirs missing in ours %d (each with its reason above)\n", len(ourMounts), len(theirMounts), missing)
+
+	hooks := func(s *specs.Spec) []string {
+		var h []string
+		for _, hk := range s.ContainerEdits.Hooks {
+			if len(hk.Args) > 1 {
+				h = append(h, hk.Args[1])
+			}
+		}
+
+		sort.Strings(h)
+
+		return h
+	}
+
+	fmt.Printf("hooks: ours %v, theirs %v\n", hooks(ours.Spec), hooks(theirs.Spec))
+
+	if problems > 0 {
+		return fmt.Errorf("%d unexplained difference(s)", problems)
+	}
+
+	fmt.Println("compare: OK")
+
+	return nil
+}
+
+// mountReason explains a file of nvidia-ctk's spec that ours lacks. Only files the subroot
+// leaves out on purpose have a reason; anything else is a bug.
+func mountReason(base string) string {
+	switch {
+	case strings.Contains(base, "nvidia-persistenced") && base == "socket":
+		return "persistenced socket: theirs is the host's daemon, ours appears once our daemon runs"
+	case strings.HasPrefix(base, "libEGL") || strings.HasPrefix(base, "libGLES") || strings.HasPrefix(base, "libGLX") ||
+		strings.Contains(base, "glcore") || strings.Contains(base, "eglcore") || strings.Contains(base, "glsi") ||
+		strings.Contains(base, "glvkspirv") || strings.Contains(base, "rtcore") || strings.Contains(base, "tls") ||
+		strings.Contains(base, "gpucomp") || strings.Contains(base, "vulkan") || strings.Contains(base, "allocator") ||
+		strings.HasSuffix(base, ".json") || strings.Contains(base, "nvoptix"):
+		return "graphics/compute library the subroot carries only when the host tree has it"
+	case strings.Contains(base, "libnvcuvid") || strings.Contains(base, "encode") || strings.Contains(base, "opticalflow") ||
+		strings.Contains(base, "fbc") || strings.Contains(base, "vdpau"):
+		return "video library the subroot carries only when the host tree has it"
+	case strings.HasSuffix(base, ".bin"):
+		return "GPU firmware: loaded by the kernel from /usr/lib/firmware on Talos, not needed in containers"
+	}
+
+	return "UNEXPLAINED"
+}
+
+// bench runs two commands alternately and reports the median wall time and peak RSS of each.
+func bench(args []string) error {
+	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
+	n := fs.Int("n", 10, "runs of each")
+	a := fs.String("a", "", "first command (shell)")
+	b := fs.String("b", "", "second command (shell)")
+	nameA := fs.String("name-a", "a", "")
+	nameB := fs.String("name-b", "b", "")
+
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+
+	type result struct {
+		wall []time.Duration
+		rss  []int64
+	}
+
+	results := map[string]*result{*nameA: {}, *nameB: {}}
+	cmds := map[string]string{*nameA: *a, *nameB: *b}
+
+	for i := range *n {
+		order := []string{*nameA, *nameB}
+		if i%2 == 1 {
+			order = []string{*nameB, *nameA}
+		}
+
+		for _, name := range order {
+			// exec the command directly (no shell) so that its own RSS is measured.
+			argv := strings.Fields(cmds[name])
+			cmd := exec.Command(argv[0], argv[1:]...)
+			cmd.Stdout, cmd.Stderr = nil, nil
+
+			start := time.Now()
+			if err := cmd.Run(); err != nil {
+				return fmt.Errorf("%s: %w", name, err)
+			}
+
+			results[name].wall = append(results[name].wall, time.Since(start))
+			results[name].rss = append(results[name].rss, cmd.ProcessState.SysUsage().(*syscall.Rusage).Maxrss)
+		}
+	}
+
+	med := func(r *result) (time.Duration, int64) {
+		slices.Sort(r.wall)
+		slices.Sort(r.rss)
+
+		return r.wall[len(r.wall)/2], r.rss[len(r.rss)/2]
+	}
+
+	wa, ra := med(results[*nameA])
+	wb, rb := med(results[*nameB])
+
+	fmt.Printf("bench (%d runs each, alternating, median):\n", *n)
+	fmt.Printf("  %-20s wall %7.1f ms  peak RSS %6.1f MB\n", *nameA, float64(wa.Microseconds())/1000, float64(ra)/1024)
+	fmt.Printf("  %-20s wall %7.1f ms  peak RSS %6.1f MB\n", *nameB, float64(wb.Microseconds())/1000, float64(rb)/1024)
+	fmt.Printf("  ratio %s/%s: wall %.2fx faster, RSS %.2fx smaller\n", *nameB, *nameA, float64(wb)/float64(wa), float64(rb)/float64(ra))
+
+	return nil
+}

@@ -1,0 +1,208 @@
+#!/usr/bin/env bash
+# GPU end-to-end test: on any Linux host with an NVIDIA GPU and root, make the host look like a
+# Talos node in a private mount namespace, run the nvidia-driver service there from its own
+# container root filesystem, and start workloads with plain runc through the CDI specs: ours
+# (/run/cdi/nvidia.yaml) and one generated the way the device plugin generates its own.
+# Skipped (exit 0) where there is no NVIDIA driver. Nothing on the host changes: every mount
+# is in the private namespace, and the service runs nvidia-persistenced with
+# --no-persistence-mode on a private /run.
+#
+#   hack/e2e-gpu.sh [DRIVER_TREE]     (default /usr/local/nvidia)
+#
+# Needs, from `make build` and `make e2e-tools` on a build machine: _out/bin/{nvidia-cdi-hook,
+# ldconfig,nvidia-ctk,cdi-e2e}, _out/containers/nvidia-driver/, and runc (in PATH, or
+# Debian's .deb files in _out/debs/, unpacked here).
+set -uo pipefail
+top=$(cd "$(dirname "$0")/.." && pwd)
+tree=${1:-/usr/local/nvidia}
+out=$top/_out
+W=${E2E_WORK:-/tmp/nvidia-driver-e2e}
+
+if [ "${E2E_INNER:-}" != 1 ]; then
+  if [ ! -e /proc/driver/nvidia/version ]; then
+    echo "e2e-gpu: SKIP: no NVIDIA kernel driver on this host"
+    exit 0
+  fi
+  [ "$(id -u)" = 0 ] || { echo "e2e-gpu: needs root" >&2; exit 2; }
+  rm -rf "$W"; mkdir -p "$W"
+  echo "== host: $(nvidia-smi -L 2>/dev/null | tr '\n' ' ')"
+  echo "== persistence and MIG modes before: $(nvidia-smi --query-gpu=persistence_mode,mig.mode.current --format=csv,noheader | tr '\n' ' ')"
+
+  # runc: Debian's, unpacked here if the host has none.
+  if ! command -v runc >/dev/null; then
+    mkdir -p "$W/debs"
+    for d in "$out"/debs/*.deb; do dpkg -x "$d" "$W/debs"; done
+    export PATH=$W/debs/usr/sbin:$W/debs/usr/bin:$PATH
+    export LD_LIBRARY_PATH=$W/debs/usr/lib/x86_64-linux-gnu:$W/debs/lib/x86_64-linux-gnu
+  fi
+  echo "== runc: $(runc --version | head -1)"
+
+  echo "== subroot from $tree"
+  LDCONFIG=$out/bin/ldconfig "$top/hack/build-subroot.sh" host "$W/subroot" "$tree" || exit 1
+  C=$out/containers/nvidia-driver
+  "$C/lib64/ld-linux-x86-64.so.2" --library-path "$C/lib/x86_64-linux-gnu" "$C/usr/bin/nvidia-driver" check-root "$W/subroot"
+  echo "check-root exit code: $?"
+
+  echo "== reference: nvidia-ctk cdi generate on the host's standard layout"
+  "$out/bin/nvidia-ctk" cdi generate --output "$W/ctk.yaml" 2>"$W/ctk.log" || { cat "$W/ctk.log"; exit 1; }
+
+  # Cold, end to end (process start, NVML init, spec, write), each tool on its own layout:
+  # nvidia-ctk on the host's installed driver, ours on the subroot built from it.
+  echo "== benchmark: nvidia-driver cdi generate vs nvidia-ctk cdi generate"
+  "$out/bin/cdi-e2e" bench -n "${BENCH_RUNS:-11}" --name-a nvidia-ctk \
+    --a "$out/bin/nvidia-ctk cdi generate --output $W/bench-ctk.yaml" \
+    --name-b nvidia-driver --b "$C/lib64/ld-linux-x86-64.so.2 --library-path $C/lib/x86_64-linux-gnu $C/usr/bin/nvidia-driver cdi generate --driver-root $W/subroot --output $W/bench-ours.yaml" \
+    | sed 's/^/  /'
+
+  if [ -x "$out/bin/persistenced-e2e" ]; then
+    echo "== nvidia-persistenced under the supervisor (hack/e2e-persistenced.sh)"
+    "$top/hack/e2e-persistenced.sh" "$W/subroot" "$out/bin/persistenced-e2e" -- --kills 10 2>&1 | sed 's/^/  /'
+  fi
+
+  export E2E_GPUS=$(nvidia-smi -L | wc -l)
+  export E2E_SECOND=$(nvidia-smi -L | sed -n 2p | sed 's/.*UUID: \(GPU-[^)]*\)).*/\1/')
+  E2E_INNER=1 unshare --mount --propagation private "$0" "$@"
+  rc=$?
+  echo "== persistence and MIG modes after: $(nvidia-smi --query-gpu=persistence_mode,mig.mode.current --format=csv,noheader | tr '\n' ' ')"
+  [ $rc = 0 ] && echo "e2e-gpu: PASS" || echo "e2e-gpu: FAIL"
+  exit $rc
+fi
+
+# ---- inside the private mount namespace: a host that looks like Talos -------------------
+fail=0
+result() { printf '%-62s %s\n' "$1" "$2"; [ "$2" = PASS ] || fail=1; }
+
+# /run: private, shared below like Talos's, so the service's mounts propagate as on a node.
+mount -t tmpfs e2e-run /run && mount --make-shared /run
+# /usr/local: the driver only in the subroot, at the Talos path.
+mount -t tmpfs e2e-usr-local /usr/local
+mkdir -p /usr/local/glibc && mount --bind -o ro "$W/subroot" /usr/local/glibc
+# /usr/bin and /usr/sbin: the extension's hook and static ldconfig (also as /sbin/ldconfig,
+# the update-ldcache hook's default), over the host's through an overlay.
+for d in /usr/bin /usr/sbin; do
+  n=$(echo "$d" | tr / _)
+  mkdir -p "$W/ov$n/upper" "$W/ov$n/work"
+  mount -t overlay "e2e$n" -o "lowerdir=$d,upperdir=$W/ov$n/upper,workdir=$W/ov$n/work" "$d"
+done
+install -m 0755 "$out/bin/nvidia-cdi-hook" /usr/bin/nvidia-cdi-hook
+install -m 0755 "$out/bin/ldconfig" /usr/bin/ldconfig
+install -m 0755 "$out/bin/ldconfig" /usr/sbin/ldconfig
+# /dev: fresh, so the service's device-node job makes the NVIDIA nodes from /proc.
+mount -t tmpfs -o mode=755 e2e-dev /dev
+for n in null:1:3 zero:1:5 full:1:7 random:1:8 urandom:1:9 tty:5:0; do
+  IFS=: read -r name ma mi <<<"$n"; mknod -m 666 "/dev/$name" c "$ma" "$mi"
+done
+mkdir -p /dev/pts /dev/shm && mount -t devpts -o newinstance,ptmxmode=666 devpts /dev/pts && ln -s pts/ptmx /dev/ptmx
+mount -t tmpfs shm /dev/shm
+
+# The hook runs on the host, and Talos has no /lib64 loader: it must take its interpreter from
+# the subroot. Prove it in a root that has nothing else.
+mkdir -p "$W/bare/usr/bin" "$W/bare/usr/local/glibc"
+cp "$out/bin/nvidia-cdi-hook" "$W/bare/usr/bin/" && mount --bind /usr/local/glibc "$W/bare/usr/local/glibc"
+if chroot "$W/bare" /usr/bin/nvidia-cdi-hook --version >/dev/null 2>&1; then r=PASS; else r=FAIL; fi
+result "hook runs in a root with no loader but the subroot's" $r
+
+# ---- the service, from its own container root filesystem --------------------------------
+C=$out/containers/nvidia-driver
+svc() { "$C/lib64/ld-linux-x86-64.so.2" --library-path "$C/lib/x86_64-linux-gnu" "$C/usr/bin/nvidia-driver" "$@"; }
+export NVIDIA_DRIVER_SUBROOT=/usr/local/glibc NVIDIA_DRIVER_PERSISTENCE_MODE=false
+start=$(date +%s%N)
+svc run 2>"$W/service.log" &
+spid=$!
+for _ in $(seq 600); do
+  grep -q '"phase": "ready"' /run/nvidia-driver/status.json 2>/dev/null && break
+  kill -0 $spid 2>/dev/null || break
+  sleep 0.1
+done
+echo "== service log"; sed 's/^/  /' "$W/service.log"
+if grep -q '"phase": "ready"' /run/nvidia-driver/status.json 2>/dev/null; then
+  result "service ready ($(( ($(date +%s%N) - start) / 1000000 )) ms): mount, device nodes, persistenced, CDI" PASS
+else
+  result "service ready" FAIL; cat /run/nvidia-driver/status.json
+fi
+findmnt -n -o TARGET,OPTIONS /run/nvidia/driver | grep -q '^/run/nvidia/driver *ro,' && r=PASS || r=FAIL
+result "/run/nvidia/driver mounted read-only" $r
+ls -l /dev/nvidia* | sed 's/^/  /'
+[ -S /run/nvidia/driver/run/nvidia-persistenced/socket ] && r=PASS || r=FAIL
+result "persistenced socket visible under the driver root" $r
+echo "  service RSS after bring-up: $(awk '/VmRSS/{print $2, $3}' /proc/$spid/status)"
+
+# ---- specs -------------------------------------------------------------------------------
+echo "== compare our spec with nvidia-ctk's"
+"$out/bin/cdi-e2e" compare /run/cdi/nvidia.yaml "$W/ctk.yaml" | sed 's/^/  /'
+[ "${PIPESTATUS[0]}" = 0 ] && r=PASS || r=FAIL
+result "our spec covers nvidia-ctk's (names, device nodes, mounts)" $r
+
+mkdir -p "$W/dp"
+svc cdi generate --driver-root /run/nvidia/driver --vendor k8s.device-plugin.nvidia.com --ldconfig-path "" \
+  --output "$W/dp/k8s.device-plugin.nvidia.com-gpu.yaml" 2>"$W/dp.log" && r=PASS || { r=FAIL; cat "$W/dp.log"; }
+result "device-plugin-style spec generated" $r
+
+# ---- workloads with plain runc -------------------------------------------------------------
+# The container's root: a non-recursive bind of the host's /, which leaves out the driver's
+# own mount and this namespace's overlays, with a tmpfs overlay for its writes.
+mkdir -p "$W/lower" "$W/cup" "$W/cwork" "$W/rootfs"
+mount --bind / "$W/lower"
+mount -t overlay e2e-rootfs -o "lowerdir=$W/lower,upperdir=$W/cup,workdir=$W/cwork" "$W/rootfs"
+[ -e "$W/rootfs/usr/local/nvidia/lib64/libcuda.so.1" ] && echo "  WARNING: the driver is visible in the container rootfs"
+
+torch='import torch; ok = torch.cuda.is_available(); print("cuda", ok); a = torch.ones(1024, 1024, device="cuda"); print("sum", (a @ a).sum().item())'
+ctr() { # name spec-dir device-or-empty args...
+  local name=$1 dir=$2 dev=$3; shift 3
+  local b=$W/bundle-$name; rm -rf "$b"; mkdir -p "$b"
+  (cd "$b" && runc spec)
+  local inj=(--spec-dir "$dir" --config "$b/config.json" --rootfs "$W/rootfs")
+  [ -n "$dev" ] && inj+=(--device "$dev")
+  "$out/bin/cdi-e2e" inject "${inj[@]}" -- "$@" || return 1
+  timeout 300 runc run --bundle "$b" "e2e-$name-$$" 2>&1
+}
+
+out1=$(ctr smi /run/cdi nvidia.com/gpu=all nvidia-smi -L); echo "$out1" | sed 's/^/  /'
+echo "$out1" | grep -q '^GPU 0: .*H200\|^GPU 0: ' && r=PASS || r=FAIL
+result "ours, nvidia.com/gpu=all: nvidia-smi -L lists the GPU" $r
+out2=$(ctr torch /run/cdi nvidia.com/gpu=all /opt/torch/.venv/bin/python3 -c "$torch"); echo "$out2" | tail -3 | sed 's/^/  /'
+echo "$out2" | grep -q '^sum 1073741824' && r=PASS || r=FAIL
+result "ours, nvidia.com/gpu=all: CUDA matmul in PyTorch is right" $r
+out3=$(ctr control /run/cdi "" /opt/torch/.venv/bin/python3 -c "$torch"); echo "$out3" | tail -2 | sed 's/^/  /'
+echo "$out3" | grep -q '^sum 1073741824' && r=FAIL || r=PASS
+result "control, no CDI edits: CUDA fails" $r
+out4=$(ctr dp-smi "$W/dp" k8s.device-plugin.nvidia.com/gpu=all nvidia-smi -L); echo "$out4" | sed 's/^/  /'
+echo "$out4" | grep -q '^GPU 0: ' && r=PASS || r=FAIL
+result "device plugin's spec: nvidia-smi -L lists the GPU" $r
+out5=$(ctr dp-torch "$W/dp" k8s.device-plugin.nvidia.com/gpu=all /opt/torch/.venv/bin/python3 -c "$torch"); echo "$out5" | tail -2 | sed 's/^/  /'
+echo "$out5" | grep -q '^sum 1073741824' && r=PASS || r=FAIL
+result "device plugin's spec: CUDA matmul in PyTorch is right" $r
+
+if [ "$E2E_GPUS" -ge 2 ]; then
+  second=$E2E_SECOND
+  out6=$(ctr second /run/cdi nvidia.com/gpu=1 nvidia-smi -L); echo "$out6" | sed 's/^/  /'
+  [ "$(echo "$out6" | grep -c '^GPU ')" = 1 ] && echo "$out6" | grep -q "$second" && r=PASS || r=FAIL
+  result "nvidia.com/gpu=1 gives exactly the second GPU" $r
+else
+  echo "  (one GPU: the nvidia.com/gpu=1 check needs two)"
+fi
+
+# ---- persistenced: kill -9, and stop -------------------------------------------------------
+ppid=$(cat /run/nvidia-persistenced/nvidia-persistenced.pid 2>/dev/null)
+if [ -n "$ppid" ]; then
+  t0=$(date +%s%N); kill -9 "$ppid"
+  for _ in $(seq 300); do
+    np=$(cat /run/nvidia-persistenced/nvidia-persistenced.pid 2>/dev/null)
+    [ -n "$np" ] && [ "$np" != "$ppid" ] && [ -S /run/nvidia-persistenced/socket ] && break
+    sleep 0.01
+  done
+  [ -n "$np" ] && [ "$np" != "$ppid" ] && r=PASS || r=FAIL
+  result "persistenced restarted after kill -9 ($(( ($(date +%s%N) - t0) / 1000000 )) ms to a new pid and socket)" $r
+else
+  result "persistenced running under the service" FAIL
+fi
+
+t0=$(date +%s%N); kill -TERM $spid; wait $spid; rc=$?
+ms=$(( ($(date +%s%N) - t0) / 1000000 ))
+[ $rc = 0 ] && [ $ms -lt 10000 ] && r=PASS || r=FAIL
+result "SIGTERM: service exit code $rc after $ms ms" $r
+pgrep -f 'bin/nvidia-persistenced' >/dev/null && r=FAIL || r=PASS
+result "nvidia-persistenced stopped with the service" $r
+findmnt -n /run/nvidia/driver >/dev/null && r=PASS || r=FAIL
+result "driver root still mounted after the service stopped" $r
+exit $fail

@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# Install what the tests need on a fresh Debian machine: runc (container tests), util-linux
+# (unshare), binutils (readelf), and the tools for the rest (dpkg-deb, apt-get already there).
+# Idempotent; quiet when everything is present.
+set -euo pipefail
+need=()
+command -v runc >/dev/null || need+=(runc)
+command -v unshare >/dev/null || need+=(util-linux)
+command -v readelf >/dev/null || need+=(binutils)
+command -v findmnt >/dev/null || need+=(util-linux)
+if [ ${#need[@]} -gt 0 ]; then
+  echo "install-test-deps: installing ${need[*]}" >&2
+  export DEBIAN_FRONTEND=noninteractive
+  log=$(mktemp)
+  if ! { apt-get update -q && apt-get install -y -q --no-install-recommends "${need[@]}"; } >"$log" 2>&1; then
+    cat "$log" >&2
+    echo "install-test-deps: apt-get failed" >&2
+    exit 1
+  fi
+  rm -f "$log"
+fi

@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Stage the service's container root filesystem: its binary plus the loader and libc it was
+# linked against. Talos has no glibc, and the service must start even when the subroot is
+# missing or broken, so that it can say so: it cannot borrow the subroot's libc.
+#
+#   hack/stage-service-rootfs.sh BINARY OUTDIR
+set -euo pipefail
+bin=${1:?usage: stage-service-rootfs.sh BINARY OUTDIR}
+out=${2:?usage: stage-service-rootfs.sh BINARY OUTDIR}
+
+stage=$(mktemp -d "${TMPDIR:-/tmp}/service-rootfs.XXXXXX")
+trap 'rm -rf "$stage"' EXIT
+mkdir -p "$stage/usr/bin" "$stage/lib64" "$stage/lib/x86_64-linux-gnu" "$stage/etc"
+install -m 0755 "$bin" "$stage/usr/bin/nvidia-driver"
+
+interp=$(readelf -l "$bin" | sed -n 's/.*Requesting program interpreter: \(.*\)]/\1/p')
+[ -n "$interp" ] || { echo "stage-service-rootfs: $bin has no ELF interpreter" >&2; exit 1; }
+cp -L "$interp" "$stage/lib64/ld-linux-x86-64.so.2"
+
+# Every library the binary needs, as the build machine's loader resolves it.
+ldd "$bin" | awk '/=> \//{print $3}' | while read -r lib; do
+  cp -L "$lib" "$stage/lib/x86_64-linux-gnu/"
+done
+echo /lib/x86_64-linux-gnu >"$stage/etc/ld.so.conf"
+ldconfig -r "$stage"
+chmod -R go-w "$stage"
+
+rm -rf "$out"
+mkdir -p "$(dirname "$out")"
+mv "$stage" "$out"
+trap - EXIT
+echo "stage-service-rootfs: $out ($(du -sh "$out" | cut -f1))"

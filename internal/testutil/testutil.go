@@ -1,0 +1,121 @@
+// Package testutil holds what several packages' tests share: the Debian-built subroot
+// fixture, the built binaries, and root checks.
+package testutil
+
+import (
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"testing"
+
+	"golang.org/x/sys/unix"
+)
+
+// RepoRoot returns the repository's top directory.
+func RepoRoot(t testing.TB) string {
+	t.Helper()
+
+	_, file, _, ok := runtime.Caller(0)
+	if !ok {
+		t.Fatal("cannot locate the repository")
+	}
+
+	return filepath.Clean(filepath.Join(filepath.Dir(file), "..", ".."))
+}
+
+// RequireRoot skips a test that needs root, except in CI, where it fails: CI runs as root
+// and a skipped test there would hide a broken setup.
+func RequireRoot(t testing.TB) {
+	t.Helper()
+
+	if os.Geteuid() == 0 {
+		return
+	}
+
+	if os.Getenv("CI") != "" {
+		t.Fatal("this test needs root, and CI runs as root")
+	}
+
+	t.Skip("needs root (mounts, mknod)")
+}
+
+// Subroot returns the Debian-built development subroot, building it once if it is missing.
+// Packages' tests run in parallel processes, so the build is serialized with a file lock.
+func Subroot(t testing.TB) string {
+	t.Helper()
+
+	top := RepoRoot(t)
+	dir := filepath.Join(top, "_out", "subroot-debian")
+
+	if _, err := os.Stat(filepath.Join(dir, "usr/lib64/libnvidia-ml.so.1")); err == nil {
+		return dir
+	}
+
+	withLock(t, filepath.Join(top, "_out", ".subroot.lock"), func() {
+		if _, err := os.Stat(filepath.Join(dir, "usr/lib64/libnvidia-ml.so.1")); err == nil {
+			return
+		}
+
+		cmd := exec.Command(filepath.Join(top, "hack", "build-subroot.sh"), "debian", dir)
+		if out, err := cmd.CombinedOutput(); err != nil {
+			t.Fatalf("building the Debian subroot fixture: %v\n%s", err, out)
+		}
+	})
+
+	return dir
+}
+
+// ServiceBinary builds the service from the working tree (cached by go build) into
+// _out/test/ and returns its path, so a test never runs a stale binary.
+func ServiceBinary(t testing.TB) string {
+	t.Helper()
+
+	top := RepoRoot(t)
+	path := filepath.Join(top, "_out", "test", "nvidia-driver")
+
+	withLock(t, filepath.Join(top, "_out", ".build.lock"), func() {
+		cmd := exec.Command("go", "build", "-o", path, "./service")
+		cmd.Dir = top
+		cmd.Env = append(os.Environ(), "CGO_CFLAGS=-O2 -Wno-deprecated-declarations")
+
+		if out, err := cmd.CombinedOutput(); err != nil {
+			t.Fatalf("building nvidia-driver: %v\n%s", err, out)
+		}
+	})
+
+	return path
+}
+
+func withLock(t testing.TB, path string, f func()) {
+	t.Helper()
+
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		t.Fatal(err)
+	}
+
+	lock, err := os.OpenFile(path, os.O_CREATE|os.O_RDWR, 0o644)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lock.Close() //nolint:errcheck
+
+	if err := unix.Flock(int(lock.Fd()), unix.LOCK_EX); err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Flock(int(lock.Fd()), unix.LOCK_UN) //nolint:errcheck
+
+	f()
+}
+
+// CopyTree copies src (symlinks kept) to a new temporary directory and returns it.
+func CopyTree(t testing.TB, src string) string {
+	t.Helper()
+
+	dst := filepath.Join(t.TempDir(), filepath.Base(src))
+	if out, err := exec.Command("cp", "-a", src, dst).CombinedOutput(); err != nil {
+		t.Fatalf("copying %s: %v\n%s", src, err, out)
+	}
+
+	return dst
+}

@@ -1,0 +1,72 @@
+// Package atomicfile writes files so that a reader sees the old content or the new, never a
+// part: the data goes to a temporary file in the same directory, is synced, and is renamed
+// over the target.
+package atomicfile
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+)
+
+// Write replaces path with data and mode. It creates missing parent directories (0755).
+// It reports whether the file changed: a file that already holds data is left untouched,
+// so watchers of the file see no event.
+func Write(path string, data []byte, mode os.FileMode) (changed bool, err error) {
+	if old, err := os.ReadFile(path); err == nil && bytes.Equal(old, data) {
+		if st, err := os.Stat(path); err == nil && st.Mode().Perm() == mode.Perm() {
+			return false, nil
+		}
+	}
+
+	dir := filepath.Dir(path)
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return false, fmt.Errorf("creating directory for %s: %w", path, err)
+	}
+
+	tmp, err := os.CreateTemp(dir, "."+filepath.Base(path)+".tmp-*")
+	if err != nil {
+		return false, fmt.Errorf("creating temporary file for %s: %w", path, err)
+	}
+
+	// Whatever happens below, no temporary file is left behind.
+	defer func() {
+		if err != nil {
+			tmp.Close()           //nolint:errcheck // the write error is what matters
+			os.Remove(tmp.Name()) //nolint:errcheck
+		}
+	}()
+
+	if _, err = tmp.Write(data); err != nil {
+		return false, fmt.Errorf("writing %s: %w", tmp.Name(), err)
+	}
+
+	if err = tmp.Chmod(mode); err != nil {
+		return false, fmt.Errorf("setting mode of %s: %w", tmp.Name(), err)
+	}
+
+	if err = tmp.Sync(); err != nil {
+		return false, fmt.Errorf("syncing %s: %w", tmp.Name(), err)
+	}
+
+	if err = tmp.Close(); err != nil {
+		return false, fmt.Errorf("closing %s: %w", tmp.Name(), err)
+	}
+
+	if err = os.Rename(tmp.Name(), path); err != nil {
+		return false, fmt.Errorf("replacing %s: %w", path, err)
+	}
+
+	return true, nil
+}
+
+// Remove deletes path; a path that does not exist is not an error.
+func Remove(path string) error {
+	if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("removing %s: %w", path, err)
+	}
+
+	return nil
+}

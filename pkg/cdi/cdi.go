@@ -1,0 +1,172 @@
+// Package cdi generates the node's CDI spec in-process with NVIDIA's nvcdi library and writes
+// it atomically where Talos's containerd reads specs (/run/cdi).
+package cdi
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+
+	"github.com/NVIDIA/go-nvml/pkg/nvml"
+	"github.com/NVIDIA/nvidia-container-toolkit/pkg/nvcdi"
+	"github.com/NVIDIA/nvidia-container-toolkit/pkg/nvcdi/spec"
+	"github.com/NVIDIA/nvidia-container-toolkit/pkg/nvcdi/transform"
+
+	"github.com/talos-nvidia/nvidia-driver/pkg/atomicfile"
+)
+
+// Defaults for a Talos node.
+const (
+	// Vendor and Class make the kind nvidia.com/gpu, as nvidia-ctk names it.
+	Vendor = "nvidia.com"
+	Class  = "gpu"
+	// HookPath is where the extension installs nvidia-cdi-hook (an allowed extension path).
+	HookPath = "/usr/bin/nvidia-cdi-hook"
+	// LdconfigPath is the extension's static ldconfig, which the update-ldcache hook runs.
+	LdconfigPath = "/usr/bin/ldconfig"
+	// SpecPath is where Talos's containerd reads CDI specs.
+	SpecPath = "/run/cdi/nvidia.yaml"
+)
+
+// Options say where things are. Host paths in the spec come from DriverRoot and DevRoot.
+type Options struct {
+	// DriverRoot is where nvcdi finds the libraries and binaries, the persistenced socket
+	// and the MIG minors, and what the spec's host paths point at: /run/nvidia/driver on a
+	// node (docs/cdi.md says why).
+	DriverRoot string
+	// DevRoot holds /dev: "/" on a node.
+	DevRoot string
+	// HookPath and LdconfigPath are host paths of the hook and the static ldconfig.
+	HookPath     string
+	LdconfigPath string
+	Vendor       string
+	Class        string
+}
+
+// DefaultOptions returns the options for a node whose driver root is driverRoot.
+func DefaultOptions(driverRoot string) Options {
+	return Options{
+		DriverRoot:   driverRoot,
+		DevRoot:      "/",
+		HookPath:     HookPath,
+		LdconfigPath: LdconfigPath,
+		Vendor:       Vendor,
+		Class:        Class,
+	}
+}
+
+// ErrNoDevices says that NVML sees no GPU: a spec without devices is not written (it would
+// only make every CDI request fail later, with a less clear error).
+var ErrNoDevices = errors.New("no GPU to put in a CDI spec")
+
+// Generate builds the spec. lib must not be initialized by the caller for the duration:
+// nvcdi initializes and shuts NVML down itself.
+func Generate(log *slog.Logger, lib nvml.Interface, o Options) (spec.Interface, error) {
+	// Named as nvidia-ctk names them: by index (0, and 0:1 for MIG) and by UUID.
+	var namers []nvcdi.DeviceNamer
+
+	for _, strategy := range []string{nvcdi.DeviceNameStrategyIndex, nvcdi.DeviceNameStrategyUUID} {
+		n, err := nvcdi.NewDeviceNamer(strategy)
+		if err != nil {
+			return nil, fmt.Errorf("nvcdi device namer %q: %w", strategy, err)
+		}
+
+		namers = append(namers, n)
+	}
+
+	cdilib, err := nvcdi.New(
+		nvcdi.WithLogger(logAdapter{log}),
+		nvcdi.WithNvmlLib(lib),
+		nvcdi.WithMode(nvcdi.ModeNvml),
+		nvcdi.WithDriverRoot(o.DriverRoot),
+		nvcdi.WithDevRoot(o.DevRoot),
+		nvcdi.WithNVIDIACDIHookPath(o.HookPath),
+		nvcdi.WithLdconfigPath(o.LdconfigPath),
+		nvcdi.WithVendor(o.Vendor),
+		nvcdi.WithClass(o.Class),
+		nvcdi.WithDeviceNamers(namers...),
+	)
+	if err != nil {
+		return nil, fmt.Errorf("setting up nvcdi: %w", err)
+	}
+
+	devices, err := cdilib.GetDeviceSpecsByID("all")
+	if err != nil {
+		return nil, fmt.Errorf("generating CDI device specs: %w", err)
+	}
+
+	if len(devices) == 0 {
+		return nil, ErrNoDevices
+	}
+
+	common, err := cdilib.GetCommonEdits()
+	if err != nil {
+		return nil, fmt.Errorf("generating CDI edits common to all devices: %w", err)
+	}
+
+	s, err := spec.New(
+		spec.WithVendor(o.Vendor),
+		spec.WithClass(o.Class),
+		spec.WithDeviceSpecs(devices),
+		spec.WithEdits(*common.ContainerEdits),
+		spec.WithFormat(spec.FormatYAML),
+		spec.WithPermissions(0o644),
+		spec.WithMergedDeviceOptions(transform.WithName("all"), transform.WithSkipIfExists(true)),
+	)
+	if err != nil {
+		return nil, fmt.Errorf("assembling the CDI spec: %w", err)
+	}
+
+	return s, nil
+}
+
+// Render returns the spec as the YAML document written to disk, after the CDI library's
+// validation.
+func Render(s spec.Interface) ([]byte, error) {
+	var b bytes.Buffer
+	if _, err := s.WriteTo(&b); err != nil {
+		return nil, fmt.Errorf("rendering the CDI spec: %w", err)
+	}
+
+	return b.Bytes(), nil
+}
+
+// Write generates the spec and writes it to path atomically (a reader sees the old spec or
+// the new one, whole), only when its content changed. It reports whether it wrote.
+func Write(log *slog.Logger, lib nvml.Interface, o Options, path string) (bool, error) {
+	s, err := Generate(log, lib, o)
+	if err != nil {
+		return false, err
+	}
+
+	data, err := Render(s)
+	if err != nil {
+		return false, err
+	}
+
+	changed, err := atomicfile.Write(path, data, 0o644)
+	if err != nil {
+		return false, fmt.Errorf("writing the CDI spec: %w", err)
+	}
+
+	log.Info("CDI spec up to date", "path", path, "changed", changed, "devices", len(s.Raw().Devices))
+
+	return changed, nil
+}
+
+// logAdapter passes nvcdi's printf-style logging to the service's logger. nvcdi warns about
+// every optional file it does not find (graphics, X11, Vulkan, MPS) on every run: its
+// warnings are details, logged at debug level; what fails comes back as an error.
+type logAdapter struct{ log *slog.Logger }
+
+func (l logAdapter) Debugf(f string, a ...any)   { l.logf(slog.LevelDebug, f, a...) }
+func (l logAdapter) Errorf(f string, a ...any)   { l.logf(slog.LevelError, f, a...) }
+func (l logAdapter) Infof(f string, a ...any)    { l.logf(slog.LevelDebug, f, a...) }
+func (l logAdapter) Warningf(f string, a ...any) { l.logf(slog.LevelDebug, f, a...) }
+func (l logAdapter) Tracef(string, ...any)       {}
+
+func (l logAdapter) logf(level slog.Level, f string, a ...any) {
+	l.log.Log(context.Background(), level, fmt.Sprintf(f, a...), "component", "nvcdi")
+}

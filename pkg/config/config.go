@@ -1,0 +1,412 @@
+// Package config loads the service's configuration from its environment and an optional
+// YAML file, both of which a Talos ExtensionServiceConfig provides. Every setting has a
+// default, so a node needs no configuration at all. Loading is strict: unknown keys and
+// variables, bad values and a missing or unknown version are all reported at once.
+package config
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"regexp"
+	"sort"
+	"strconv"
+	"strings"
+
+	"gopkg.in/yaml.v3"
+)
+
+// Version is the only version of the configuration file this build reads.
+const Version = "v1alpha1"
+
+// EnvPrefix starts every environment variable the service reads.
+const EnvPrefix = "NVIDIA_DRIVER_"
+
+// foreignEnv are NVIDIA's own variables that share our prefix: CUDA images and the container
+// toolkit set NVIDIA_DRIVER_CAPABILITIES, the device plugin reads NVIDIA_DRIVER_ROOT. They
+// are not ours, so the strict check leaves them alone.
+var foreignEnv = map[string]bool{"NVIDIA_DRIVER_CAPABILITIES": true, "NVIDIA_DRIVER_ROOT": true}
+
+// EnvConfigFile names the configuration file; DefaultConfigFile is used when it is unset,
+// and may be absent.
+const (
+	EnvConfigFile     = EnvPrefix + "CONFIG"
+	DefaultConfigFile = "/etc/nvidia-driver/config.yaml"
+)
+
+// Config is the service's configuration.
+type Config struct {
+	// HostRoot prefixes every host path the service reads or writes (/dev, /proc, /sys,
+	// /run): "/" on a node, a throwaway directory in tests and the demo.
+	HostRoot string
+	// Subroot is the glibc subroot with the NVIDIA userspace, as the service sees it.
+	Subroot  string
+	LogLevel slog.Level
+
+	Persistenced        bool
+	PersistenceMode     bool
+	UVMPersistenceMode  bool
+	PersistencedVerbose bool
+
+	CDI     bool
+	CDISpec string // a host path
+
+	MIGConfig string // a path in the service's own filesystem (an ExtensionServiceConfig file)
+	MIGLayout string // empty: leave MIG as it is
+
+	NFDFeaturesDir string // a host path; empty: off
+
+	// Simulate replaces the GPUs with simulated ones, e.g. "h200:4" (the demo).
+	Simulate string
+
+	// Source says where each setting came from ("default", "env", the file), for the log.
+	Source map[string]string
+}
+
+// Host returns path (absolute, as on the node) under the host root.
+func (c Config) Host(path string) string { return filepath.Join(c.HostRoot, path) }
+
+// DriverMount is where the subroot is mounted for the GPU Operator and the device plugin.
+func (c Config) DriverMount() string { return c.Host("/run/nvidia/driver") }
+
+// ValidationsDir holds the readiness files.
+func (c Config) ValidationsDir() string { return c.Host("/run/nvidia/validations") }
+
+// StatusFile holds the service's status as JSON.
+func (c Config) StatusFile() string { return c.Host("/run/nvidia-driver/status.json") }
+
+// setting describes one key: its name in the file, its variable, its default and how to
+// store a value.
+type setting struct {
+	key, env, def, help string
+	set                 func(c *Config, v string) error
+}
+
+func settings() []setting {
+	return []setting{
+		{"hostRoot", "HOST_ROOT", "/", "prefix of every host path", absPath(func(c *Config) *string { return &c.HostRoot })},
+		{"subroot", "SUBROOT", "/usr/local/glibc", "the glibc subroot with the NVIDIA userspace", absPath(func(c *Config) *string { return &c.Subroot })},
+		{"logLevel", "LOG_LEVEL", "info", "debug, info, warn or error", func(c *Config, v string) error {
+			return c.LogLevel.UnmarshalText([]byte(v))
+		}},
+		{"persistenced", "PERSISTENCED", "true", "run nvidia-persistenced", boolean(func(c *Config) *bool { return &c.Persistenced })},
+		{"persistenceMode", "PERSISTENCE_MODE", "true", "nvidia-persistenced --persistence-mode", boolean(func(c *Config) *bool { return &c.PersistenceMode })},
+		{"uvmPersistenceMode", "UVM_PERSISTENCE_MODE", "false", "nvidia-persistenced --uvm-persistence-mode", boolean(func(c *Config) *bool { return &c.UVMPersistenceMode })},
+		{"persistencedVerbose", "PERSISTENCED_VERBOSE", "false", "nvidia-persistenced --verbose", boolean(func(c *Config) *bool { return &c.PersistencedVerbose })},
+		{"cdi", "CDI", "true", "generate a CDI spec", boolean(func(c *Config) *bool { return &c.CDI })},
+		{"cdiSpec", "CDI_SPEC", "/run/cdi/nvidia.yaml", "where the CDI spec is written", absPath(func(c *Config) *string { return &c.CDISpec })},
+		{"migConfig", "MIG_CONFIG", "/etc/nvidia-driver/mig.yaml", "MIG layouts file (mig-parted v1 format)", absPath(func(c *Config) *string { return &c.MIGConfig })},
+		{"migLayout", "MIG_LAYOUT", "", "the MIG layout to apply; empty leaves MIG as it is", text(func(c *Config) *string { return &c.MIGLayout })},
+		{"nfdFeaturesDir", "NFD_FEATURES_DIR", "", "write Node Feature Discovery labels there; empty is off", optionalAbsPath(func(c *Config) *string { return &c.NFDFeaturesDir })},
+		{"simulate", "SIMULATE", "", "simulated GPUs MODEL:COUNT (demo and tests only)", simulate},
+	}
+}
+
+// Load reads the configuration from environ (os.Environ() form) and the file it names.
+func Load(environ []string) (Config, error) {
+	var (
+		errs []error
+		c    = Config{Source: map[string]string{}}
+		all  = settings()
+	)
+
+	env := map[string]string{}
+
+	for _, kv := range environ {
+		k, v, _ := strings.Cut(kv, "=")
+		if strings.HasPrefix(k, EnvPrefix) && !foreignEnv[k] {
+			env[k] = v
+		}
+	}
+
+	// Defaults first, then the file, then the environment.
+	for _, s := range all {
+		if err := s.set(&c, s.def); err != nil {
+			return Config{}, fmt.Errorf("default of %s: %w", s.key, err) // a bug, not user input
+		}
+
+		c.Source[s.key] = "default"
+	}
+
+	path, explicit := env[EnvConfigFile]
+	if !explicit {
+		path = DefaultConfigFile
+	}
+
+	delete(env, EnvConfigFile)
+
+	values, err := readFile(path, explicit)
+	if err != nil {
+		errs = append(errs, err)
+	}
+
+	byKey := map[string]setting{}
+	for _, s := range all {
+		byKey[s.key] = s
+	}
+
+	for _, v := range values {
+		s, ok := byKey[v.key]
+		if !ok {
+			errs = append(errs, fmt.Errorf("%s:%d: unknown key %q%s", path, v.line, v.key, suggest(v.key, keys(all))))
+
+			continue
+		}
+
+		if err := s.set(&c, v.value); err != nil {
+			errs = append(errs, fmt.Errorf("%s:%d: %s: %w", path, v.line, v.key, err))
+
+			continue
+		}
+
+		c.Source[s.key] = path
+	}
+
+	byEnv := map[string]setting{}
+	for _, s := range all {
+		byEnv[EnvPrefix+s.env] = s
+	}
+
+	names := make([]string, 0, len(env))
+	for k := range env {
+		names = append(names, k)
+	}
+
+	sort.Strings(names)
+
+	for _, name := range names {
+		s, ok := byEnv[name]
+		if !ok {
+			errs = append(errs, fmt.Errorf("environment: unknown variable %s%s", name, suggest(name, envNames(all))))
+
+			continue
+		}
+
+		if err := s.set(&c, env[name]); err != nil {
+			errs = append(errs, fmt.Errorf("environment: %s: %w", name, err))
+
+			continue
+		}
+
+		c.Source[s.key] = "env"
+	}
+
+	if c.Simulate != "" && c.HostRoot == "/" {
+		errs = append(errs, errors.New("simulate: simulated GPUs need a throwaway host root (hostRoot), not the node's /"))
+	}
+
+	if len(errs) > 0 {
+		return Config{}, fmt.Errorf("invalid configuration:\n%w", errors.Join(errs...))
+	}
+
+	return c, nil
+}
+
+type fileValue struct {
+	key, value string
+	line       int
+}
+
+func readFile(path string, required bool) ([]fileValue, error) {
+	data, err := os.ReadFile(path)
+	if errors.Is(err, os.ErrNotExist) && !required {
+		return nil, nil
+	}
+
+	if err != nil {
+		return nil, fmt.Errorf("reading configuration file: %w", err)
+	}
+
+	var doc yaml.Node
+	if err := yaml.Unmarshal(data, &doc); err != nil {
+		return nil, fmt.Errorf("%s: %w", path, err)
+	}
+
+	if len(doc.Content) == 0 {
+		return nil, fmt.Errorf("%s: empty file: it needs at least \"version: %s\"", path, Version)
+	}
+
+	root := doc.Content[0]
+	if root.Kind != yaml.MappingNode {
+		return nil, fmt.Errorf("%s:%d: expected a mapping of settings", path, root.Line)
+	}
+
+	var (
+		out     []fileValue
+		errs    []error
+		version string
+		seen    = map[string]int{}
+	)
+
+	for i := 0; i+1 < len(root.Content); i += 2 {
+		k, v := root.Content[i], root.Content[i+1]
+
+		if prev, dup := seen[k.Value]; dup {
+			errs = append(errs, fmt.Errorf("%s:%d: key %q repeated (first on line %d)", path, k.Line, k.Value, prev))
+
+			continue
+		}
+
+		seen[k.Value] = k.Line
+
+		if v.Kind != yaml.ScalarNode {
+			errs = append(errs, fmt.Errorf("%s:%d: %s: expected a single value", path, v.Line, k.Value))
+
+			continue
+		}
+
+		if k.Value == "version" {
+			version = v.Value
+
+			continue
+		}
+
+		out = append(out, fileValue{key: k.Value, value: v.Value, line: k.Line})
+	}
+
+	switch version {
+	case Version:
+	case "":
+		errs = append(errs, fmt.Errorf("%s: missing \"version: %s\"", path, Version))
+	default:
+		errs = append(errs, fmt.Errorf("%s: version %q is not supported, this build reads %q", path, version, Version))
+	}
+
+	return out, errors.Join(errs...)
+}
+
+func absPath(field func(*Config) *string) func(*Config, string) error {
+	return func(c *Config, v string) error {
+		if !filepath.IsAbs(v) {
+			return fmt.Errorf("%q is not an absolute path", v)
+		}
+
+		*field(c) = filepath.Clean(v)
+
+		return nil
+	}
+}
+
+func optionalAbsPath(field func(*Config) *string) func(*Config, string) error {
+	return func(c *Config, v string) error {
+		if v == "" {
+			*field(c) = ""
+
+			return nil
+		}
+
+		return absPath(field)(c, v)
+	}
+}
+
+func text(field func(*Config) *string) func(*Config, string) error {
+	return func(c *Config, v string) error {
+		*field(c) = strings.TrimSpace(v)
+
+		return nil
+	}
+}
+
+func boolean(field func(*Config) *bool) func(*Config, string) error {
+	return func(c *Config, v string) error {
+		b, err := strconv.ParseBool(v)
+		if err != nil {
+			return fmt.Errorf("%q is not a boolean (true or false)", v)
+		}
+
+		*field(c) = b
+
+		return nil
+	}
+}
+
+var simulatePattern = regexp.MustCompile(`^([a-z0-9-]+):([1-9][0-9]?)$`)
+
+func simulate(c *Config, v string) error {
+	if v != "" && !simulatePattern.MatchString(v) {
+		return fmt.Errorf("%q is not MODEL:COUNT (e.g. h200:4)", v)
+	}
+
+	c.Simulate = v
+
+	return nil
+}
+
+func keys(all []setting) []string {
+	out := []string{"version"}
+	for _, s := range all {
+		out = append(out, s.key)
+	}
+
+	return out
+}
+
+func envNames(all []setting) []string {
+	out := []string{EnvConfigFile}
+	for _, s := range all {
+		out = append(out, EnvPrefix+s.env)
+	}
+
+	return out
+}
+
+// suggest names the closest known name, for typos.
+func suggest(name string, known []string) string {
+	best, bestDist := "", 4
+
+	for _, k := range known {
+		if d := distance(strings.ToLower(name), strings.ToLower(k)); d < bestDist {
+			best, bestDist = k, d
+		}
+	}
+
+	if best == "" {
+		return ""
+	}
+
+	return fmt.Sprintf(" (did you mean %s?)", best)
+}
+
+// distance is the Levenshtein distance.
+func distance(a, b string) int {
+	prev := make([]int, len(b)+1)
+	for j := range prev {
+		prev[j] = j
+	}
+
+	for i := 1; i <= len(a); i++ {
+		cur := make([]int, len(b)+1)
+		cur[0] = i
+
+		for j := 1; j <= len(b); j++ {
+			cost := 1
+			if a[i-1] == b[j-1] {
+				cost = 0
+			}
+
+			cur[j] = min(prev[j]+1, cur[j-1]+1, prev[j-1]+cost)
+		}
+
+		prev = cur
+	}
+
+	return prev[len(b)]
+}
+
+// Describe returns the settings with their variables and defaults, for --help.
+func Describe() string {
+	var b strings.Builder
+
+	for _, s := range settings() {
+		def := s.def
+		if def == "" {
+			def = `""`
+		}
+
+		fmt.Fprintf(&b, "  %-36s %-20s default %s\n      %s\n", EnvPrefix+s.env, s.key, def, s.help)
+	}
+
+	return b.String()
+}

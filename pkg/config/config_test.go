@@ -1,0 +1,120 @@
+package config_test
+
+import (
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/talos-nvidia/nvidia-driver/pkg/config"
+)
+
+// load writes file as the configuration file and loads it with env.
+func load(t *testing.T, file string, env ...string) (config.Config, error) {
+	t.Helper()
+
+	path := filepath.Join(t.TempDir(), "config.yaml")
+	require.NoError(t, os.WriteFile(path, []byte(file), 0o644))
+
+	return config.Load(append(env, config.EnvConfigFile+"="+path))
+}
+
+func TestDefaultsNeedNoConfiguration(t *testing.T) {
+	// No variable set and no file at the default path (absent on this machine).
+	if _, err := os.Stat(config.DefaultConfigFile); err == nil {
+		t.Skipf("%s exists on this machine", config.DefaultConfigFile)
+	}
+
+	c, err := config.Load([]string{"PATH=/usr/bin", "HOME=/root"})
+	require.NoError(t, err)
+
+	assert.Equal(t, "/", c.HostRoot)
+	assert.Equal(t, "/usr/local/glibc", c.Subroot)
+	assert.Equal(t, slog.LevelInfo, c.LogLevel)
+	assert.True(t, c.Persistenced)
+	assert.True(t, c.PersistenceMode)
+	assert.False(t, c.UVMPersistenceMode)
+	assert.True(t, c.CDI)
+	assert.Equal(t, "/run/cdi/nvidia.yaml", c.CDISpec)
+	assert.Equal(t, "/etc/nvidia-driver/mig.yaml", c.MIGConfig)
+	assert.Empty(t, c.MIGLayout)
+	assert.Equal(t, "/run/nvidia/driver", c.DriverMount())
+	assert.Equal(t, "/run/nvidia/validations", c.ValidationsDir())
+}
+
+func TestFileThenEnvironment(t *testing.T) {
+	c, err := load(t, "version: v1alpha1\nlogLevel: debug\nmigLayout: all-1g\npersistenceMode: false\n",
+		"NVIDIA_DRIVER_MIG_LAYOUT=all-balanced", "NVIDIA_DRIVER_HOST_ROOT=/tmp/x/")
+	require.NoError(t, err)
+
+	assert.Equal(t, slog.LevelDebug, c.LogLevel)
+	assert.False(t, c.PersistenceMode)
+	assert.Equal(t, "all-balanced", c.MIGLayout, "the environment wins over the file")
+	assert.Equal(t, "env", c.Source["migLayout"])
+	assert.Equal(t, "/tmp/x", c.HostRoot)
+	assert.Equal(t, "/tmp/x/run/nvidia/driver", c.DriverMount())
+}
+
+// TestEveryProblemAtOnce: a user fixes a configuration in one round, not one error a restart.
+func TestEveryProblemAtOnce(t *testing.T) {
+	_, err := load(t, "version: v1alpha1\nlogLevl: debug\npersistenceMode: maybe\nsubroot: relative/path\nmigLayout: [a, b]\nlogLevel: loud\n",
+		"NVIDIA_DRIVER_MIG_LAYOT=x", "NVIDIA_DRIVER_CDI=yes please", "NVIDIA_DRIVER_SIMULATE=h200:4")
+	require.Error(t, err)
+
+	msg := err.Error()
+	for _, want := range []string{
+		`config.yaml:2: unknown key "logLevl" (did you mean logLevel?)`,
+		`config.yaml:3: persistenceMode: "maybe" is not a boolean (true or false)`,
+		`config.yaml:4: subroot: "relative/path" is not an absolute path`,
+		`config.yaml:5: migLayout: expected a single value`,
+		`config.yaml:6: logLevel: slog: level string "loud": unknown name`,
+		`environment: unknown variable NVIDIA_DRIVER_MIG_LAYOT (did you mean NVIDIA_DRIVER_MIG_LAYOUT?)`,
+		`environment: NVIDIA_DRIVER_CDI: "yes please" is not a boolean`,
+		`simulate: simulated GPUs need a throwaway host root`,
+	} {
+		assert.Contains(t, msg, want)
+	}
+}
+
+func TestVersion(t *testing.T) {
+	cases := map[string]string{
+		"logLevel: info\n":                     `missing "version: v1alpha1"`,
+		"version: v2\n":                        `version "v2" is not supported, this build reads "v1alpha1"`,
+		"":                                     "empty file",
+		"- a\n- b\n":                           "expected a mapping of settings",
+		"version: v1alpha1\nversion: v1alpha1": `key "version" repeated (first on line 1)`,
+		"version: [":                           "yaml:",
+	}
+
+	for file, want := range cases {
+		t.Run(strings.TrimSpace(file), func(t *testing.T) {
+			_, err := load(t, file)
+			require.ErrorContains(t, err, want)
+		})
+	}
+}
+
+// TestNVIDIAVariablesAreNotOurs: environments of NVIDIA's tools carry variables with our
+// prefix (seen on a GPU host: NVIDIA_DRIVER_CAPABILITIES); they must not fail the service.
+func TestNVIDIAVariablesAreNotOurs(t *testing.T) {
+	_, err := load(t, "version: v1alpha1\n", "NVIDIA_DRIVER_CAPABILITIES=compute,utility", "NVIDIA_DRIVER_ROOT=/run/nvidia/driver")
+	require.NoError(t, err)
+}
+
+func TestExplicitFileMustExist(t *testing.T) {
+	_, err := config.Load([]string{config.EnvConfigFile + "=/nonexistent/config.yaml"})
+	require.ErrorContains(t, err, "reading configuration file: open /nonexistent/config.yaml")
+}
+
+func TestSimulate(t *testing.T) {
+	c, err := load(t, "version: v1alpha1\n", "NVIDIA_DRIVER_SIMULATE=h100-80gb:8", "NVIDIA_DRIVER_HOST_ROOT=/tmp/demo")
+	require.NoError(t, err)
+	assert.Equal(t, "h100-80gb:8", c.Simulate)
+
+	_, err = load(t, "version: v1alpha1\n", "NVIDIA_DRIVER_SIMULATE=h200", "NVIDIA_DRIVER_HOST_ROOT=/tmp/demo")
+	require.ErrorContains(t, err, `"h200" is not MODEL:COUNT`)
+}

@@ -1,0 +1,229 @@
+// Command fakedaemon daemonizes the way nvidia-persistenced does, so that the
+// supervisor can be tested without a GPU: the parent re-executes itself as a
+// child in a new session, the child creates its run directory, locks its pid
+// file with lockf, listens on a UNIX socket, then tells the parent (through a
+// pipe) that it is ready, and the parent exits 0. If the child dies before
+// that, the parent exits 1.
+//
+// It accepts nvidia-persistenced's flags. Behaviour is set by environment
+// (the real daemon's command line has no room for it):
+//
+//	FAKEDAEMON_RUN_DIR  run directory (default /var/run/nvidia-persistenced)
+//	FAKEDAEMON_MODE     ok | fail | never-ready | hang-term | crash-after=DURATION
+//	FAKEDAEMON_CONTROL  file whose content, when present, overrides FAKEDAEMON_MODE at each start
+//	FAKEDAEMON_SYSLOG   datagram socket to send syslog lines to (the real daemon uses /dev/log)
+//	FAKEDAEMON_ARGS     file the parent appends its command line to (one line per start)
+package main
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"os/signal"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+const childEnv = "FAKEDAEMON_CHILD"
+
+func main() {
+	if err := parseFlags(os.Args[1:]); err != nil {
+		fmt.Fprintf(os.Stderr, "fakedaemon: %v\n", err)
+		os.Exit(2)
+	}
+	if os.Getenv(childEnv) == "1" {
+		os.Exit(child())
+	}
+	os.Exit(parent())
+}
+
+// parseFlags accepts exactly the flags of nvidia-persistenced that the supervisor may pass.
+func parseFlags(args []string) error {
+	for i := 0; i < len(args); i++ {
+		switch args[i] {
+		case "--verbose", "-V", "--persistence-mode", "--no-persistence-mode",
+			"--uvm-persistence-mode", "--no-uvm-persistence-mode":
+		case "--nvidia-cfg-path", "--user", "-u":
+			if i+1 >= len(args) {
+				return fmt.Errorf("flag %s needs a value", args[i])
+			}
+			i++
+		default:
+			return fmt.Errorf("unknown argument %q", args[i])
+		}
+	}
+	return nil
+}
+
+func parent() int {
+	if p := os.Getenv("FAKEDAEMON_ARGS"); p != "" {
+		if f, err := os.OpenFile(p, os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o644); err == nil {
+			fmt.Fprintln(f, strings.Join(os.Args, " "))
+			_ = f.Close()
+		}
+	}
+	r, w, err := os.Pipe()
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "fakedaemon: pipe: %v\n", err)
+		return 1
+	}
+	self, err := os.Executable()
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "fakedaemon: %v\n", err)
+		return 1
+	}
+	cmd := exec.Command(self, os.Args[1:]...)
+	cmd.Env = append(os.Environ(), childEnv+"=1")
+	cmd.ExtraFiles = []*os.File{w} // fd 3 in the child
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	if err := cmd.Start(); err != nil {
+		fmt.Fprintf(os.Stderr, "fakedaemon: fork: %v\n", err)
+		return 1
+	}
+	_ = w.Close()
+	// Like the real daemon, never wait for the child: it is a daemon.
+	_ = cmd.Process.Release()
+	buf := make([]byte, 1)
+	n, _ := r.Read(buf)
+	if n != 1 || buf[0] != 1 {
+		fmt.Fprintln(os.Stderr, "fakedaemon failed to initialize. Check syslog for more details.")
+		return 1
+	}
+	return 0
+}
+
+type daemon struct {
+	runDir, pidFile, socket string
+	createdDir              bool
+	syslog                  net.Conn
+}
+
+func (d *daemon) logf(prio int, format string, args ...any) {
+	if d.syslog == nil {
+		return
+	}
+	// The local (RFC 3164 without host name) format that glibc's syslog(3) writes.
+	msg := fmt.Sprintf("<%d>%s nvidia-persistenced[%d]: %s", 3<<3|prio,
+		time.Now().Format(time.Stamp), os.Getpid(), fmt.Sprintf(format, args...))
+	_, _ = d.syslog.Write([]byte(msg))
+}
+
+func mode() string {
+	if p := os.Getenv("FAKEDAEMON_CONTROL"); p != "" {
+		if b, err := os.ReadFile(p); err == nil {
+			return strings.TrimSpace(string(b))
+		}
+	}
+	if m := os.Getenv("FAKEDAEMON_MODE"); m != "" {
+		return m
+	}
+	return "ok"
+}
+
+func child() int {
+	ready := os.NewFile(3, "ready")
+	d := &daemon{runDir: os.Getenv("FAKEDAEMON_RUN_DIR")}
+	if d.runDir == "" {
+		d.runDir = "/var/run/nvidia-persistenced"
+	}
+	d.pidFile = filepath.Join(d.runDir, "nvidia-persistenced.pid")
+	d.socket = filepath.Join(d.runDir, "socket")
+	if p := os.Getenv("FAKEDAEMON_SYSLOG"); p != "" {
+		if c, err := net.Dial("unixgram", p); err == nil {
+			d.syslog = c
+		}
+	}
+	m := mode()
+
+	if err := os.Mkdir(d.runDir, 0o755); err == nil {
+		d.createdDir = true
+	} else if !errors.Is(err, os.ErrExist) {
+		d.logf(4, "Failed to create directory %s: %v", d.runDir, err)
+	}
+	fd, err := unix.Open(d.pidFile, unix.O_RDWR|unix.O_CREAT|unix.O_CLOEXEC, 0o644)
+	if err != nil {
+		d.logf(3, "Failed to open PID file: %v", err)
+		return 1
+	}
+	// lockf(fd, F_TLOCK, 0) is a POSIX write lock on the whole file.
+	lk := unix.Flock_t{Type: unix.F_WRLCK, Whence: 0, Start: 0, Len: 0}
+	if err := unix.FcntlFlock(uintptr(fd), unix.F_SETLK, &lk); err != nil {
+		d.logf(3, "Failed to lock PID file: %v", err)
+		return 1
+	}
+	_ = unix.Ftruncate(fd, 0)
+	_, _ = unix.Write(fd, []byte(fmt.Sprintf("%d\n", os.Getpid())))
+	d.logf(5, "Started (%d)", os.Getpid())
+
+	if m == "fail" {
+		d.logf(3, "Failed to query NVIDIA devices")
+		d.shutdown()
+		return 1
+	}
+	if m == "never-ready" {
+		for { // the parent waits forever, like a daemon stuck in its init
+			time.Sleep(time.Hour)
+		}
+	}
+
+	_ = os.Remove(d.socket)
+	l, err := net.Listen("unix", d.socket)
+	if err != nil {
+		d.logf(3, "Failed to create socket: %v", err)
+		d.shutdown()
+		return 1
+	}
+	go func() {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			_ = c.Close()
+		}
+	}()
+
+	sigs := make(chan os.Signal, 1)
+	if m == "hang-term" {
+		signal.Ignore(syscall.SIGTERM, syscall.SIGINT)
+	} else {
+		signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT)
+	}
+	var crash <-chan time.Time
+	if dur, ok := strings.CutPrefix(m, "crash-after="); ok {
+		dd, err := time.ParseDuration(dur)
+		if err != nil {
+			d.logf(3, "bad crash-after duration %q", dur)
+			return 1
+		}
+		crash = time.After(dd)
+	}
+
+	_, _ = ready.Write([]byte{1})
+	_ = ready.Close()
+
+	select {
+	case <-sigs:
+		_ = l.Close()
+		d.shutdown()
+		return 0
+	case <-crash:
+		d.logf(2, "crashing as told")
+		return 3 // no clean-up: leaves a stale pid file and socket
+	}
+}
+
+func (d *daemon) shutdown() {
+	_ = os.Remove(d.socket)
+	_ = os.Remove(d.pidFile)
+	if d.createdDir {
+		_ = os.Remove(d.runDir)
+	}
+	d.logf(5, "Shutdown (%d)", os.Getpid())
+}

@@ -1,0 +1,623 @@
+// Package daemons supervises NVIDIA's daemonizing daemons (nvidia-persistenced,
+// and nv-fabricmanager on NVSwitch systems): it starts one from the subroot,
+// knows when it is ready (its UNIX socket accepts a connection) and when it dies
+// (a pidfd on the process found through the lock on its pid file), restarts it
+// with capped backoff, and stops it with SIGTERM, a grace period and SIGKILL.
+//
+// Pids mean nothing across PID namespaces (each Talos extension service has its
+// own), so a pid file is judged by its lockf lock only: a locked pid file whose
+// holder we did not start belongs to someone else and is never touched.
+package daemons
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"os/exec"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// State is where a supervised daemon is in its life.
+type State string
+
+// The states of a supervised daemon.
+const (
+	StateStarting   State = "starting"
+	StateReady      State = "ready"
+	StateRestarting State = "restarting" // died or failed to start; waiting to start again
+	StateSuspended  State = "suspended"  // stopped on request (Suspend) until resumed
+	StateFailed     State = "failed"     // gave up: never became ready, or a foreign daemon holds its files
+	StateStopped    State = "stopped"    // stopped cleanly at the end of Run
+)
+
+// Status is a snapshot of a supervised daemon.
+type Status struct {
+	Name  string
+	State State
+	// Restarts counts restarts after deaths of a daemon that had been ready.
+	Restarts int
+	// StartFailures counts failed starts in a row.
+	StartFailures int
+	// PID is the daemon's pid in our PID namespace while it runs, else 0.
+	PID       int
+	LastError string
+	Since     time.Time
+}
+
+// Options tune the supervisor. Zero values take the defaults shown.
+type Options struct {
+	// StartTimeout bounds one start, from exec to a socket that answers (60 s:
+	// persistence mode on eight GPUs takes seconds).
+	StartTimeout time.Duration
+	// MaxStartFailures: failed starts in a row, before the daemon was ever
+	// ready, after which Run gives up with StateFailed (3). Once the daemon has
+	// been ready, failures are retried for ever.
+	MaxStartFailures int
+	// BackoffInitial and BackoffMax bound the wait before a restart; the wait
+	// doubles on every quick failure (200 ms, 30 s).
+	BackoffInitial time.Duration
+	BackoffMax     time.Duration
+	// StableAfter: a daemon that dies after being up this long is restarted at
+	// once and the backoff starts again (30 s).
+	StableAfter time.Duration
+	// StopGrace is how long a daemon gets between SIGTERM and SIGKILL (5 s, so
+	// that SIGKILL and clean-up fit in Talos's 10 s stop budget).
+	StopGrace time.Duration
+	// PollInterval is how often readiness is probed while starting (10 ms).
+	PollInterval time.Duration
+}
+
+func (o Options) withDefaults() Options {
+	def := func(d *time.Duration, v time.Duration) {
+		if *d <= 0 {
+			*d = v
+		}
+	}
+	def(&o.StartTimeout, 60*time.Second)
+	def(&o.BackoffInitial, 200*time.Millisecond)
+	def(&o.BackoffMax, 30*time.Second)
+	def(&o.StableAfter, 30*time.Second)
+	def(&o.StopGrace, 5*time.Second)
+	def(&o.PollInterval, 10*time.Millisecond)
+	if o.MaxStartFailures <= 0 {
+		o.MaxStartFailures = 3
+	}
+	return o
+}
+
+// ErrNotRunning is returned by Suspend when Run is not running.
+var ErrNotRunning = errors.New("supervisor is not running")
+
+// Supervisor runs one daemon described by a Spec.
+type Supervisor struct {
+	log  *slog.Logger
+	spec Spec
+	opts Options
+
+	mu      sync.Mutex
+	st      Status
+	changed chan struct{} // closed and replaced on every status change
+	runErr  error
+
+	ready     chan struct{}
+	readyOnce sync.Once
+	running   atomic.Bool
+	done      chan struct{}
+	suspendCh chan suspendReq
+}
+
+type suspendReq struct {
+	ack    chan error
+	resume chan struct{}
+}
+
+// New returns a supervisor for spec; Run starts it.
+func New(logger *slog.Logger, spec Spec, opts Options) *Supervisor {
+	return &Supervisor{
+		log:       logger.With("daemon", spec.Name),
+		spec:      spec,
+		opts:      opts.withDefaults(),
+		st:        Status{Name: spec.Name, State: StateStarting, Since: time.Now()},
+		changed:   make(chan struct{}),
+		ready:     make(chan struct{}),
+		done:      make(chan struct{}),
+		suspendCh: make(chan suspendReq),
+	}
+}
+
+// Ready is closed the first time the daemon is ready.
+func (s *Supervisor) Ready() <-chan struct{} { return s.ready }
+
+// Done is closed when Run has returned.
+func (s *Supervisor) Done() <-chan struct{} { return s.done }
+
+// Status returns a snapshot.
+func (s *Supervisor) Status() Status {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.st
+}
+
+// WaitReady waits until the daemon is ready now (not merely once), Run has
+// ended (its error, or ErrNotRunning), or ctx is done.
+func (s *Supervisor) WaitReady(ctx context.Context) error {
+	for {
+		s.mu.Lock()
+		st, ch, runErr := s.st, s.changed, s.runErr
+		s.mu.Unlock()
+		if st.State == StateReady {
+			return nil
+		}
+		select {
+		case <-s.done:
+			if runErr != nil {
+				return runErr
+			}
+			s.mu.Lock()
+			runErr = s.runErr
+			s.mu.Unlock()
+			if runErr != nil {
+				return runErr
+			}
+			return fmt.Errorf("%s: %w (state %s)", s.spec.Name, ErrNotRunning, st.State)
+		case <-ctx.Done():
+			return fmt.Errorf("%s: waiting for readiness (state %s, last error %q): %w", s.spec.Name, st.State, st.LastError, ctx.Err())
+		case <-ch:
+		}
+	}
+}
+
+// Suspend stops the daemon (SIGTERM, grace, SIGKILL) and keeps it stopped until
+// resume is called: the MIG job needs nothing to hold a GPU while it changes
+// its mode. ctx bounds the wait for the supervisor to take the request; once
+// taken, the stop itself is bounded by StopGrace.
+func (s *Supervisor) Suspend(ctx context.Context) (resume func(), err error) {
+	req := suspendReq{ack: make(chan error, 1), resume: make(chan struct{})}
+	select {
+	case s.suspendCh <- req:
+	case <-s.done:
+		return nil, fmt.Errorf("suspend %s: %w", s.spec.Name, ErrNotRunning)
+	case <-ctx.Done():
+		return nil, fmt.Errorf("suspend %s: %w", s.spec.Name, ctx.Err())
+	}
+	if err := <-req.ack; err != nil {
+		return nil, err
+	}
+	var once sync.Once
+	return func() { once.Do(func() { close(req.resume) }) }, nil
+}
+
+func (s *Supervisor) setState(state State, pid int, lastErr error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.st.State, s.st.PID, s.st.Since = state, pid, time.Now()
+	if lastErr != nil {
+		s.st.LastError = lastErr.Error()
+	}
+	close(s.changed)
+	s.changed = make(chan struct{})
+}
+
+func (s *Supervisor) update(f func(*Status)) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	f(&s.st)
+}
+
+// Run supervises the daemon until ctx is done, then stops it and removes its
+// state. It returns nil on a clean stop, and an error when it gave up (the
+// daemon never became ready, or a foreign daemon holds its pid file).
+//
+// Run makes the process a child subreaper so that the daemon, orphaned by its
+// starter, is reparented to us and its exit status can be collected.
+func (s *Supervisor) Run(ctx context.Context) (err error) {
+	if !s.running.CompareAndSwap(false, true) {
+		return fmt.Errorf("%s: Run called twice", s.spec.Name)
+	}
+	defer func() {
+		s.mu.Lock()
+		s.runErr = err
+		s.mu.Unlock()
+		close(s.done)
+	}()
+	if err := s.spec.Validate(); err != nil {
+		s.setState(StateFailed, 0, err)
+		return err
+	}
+	if err := unix.Prctl(unix.PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0); err != nil {
+		s.log.Warn("cannot become child subreaper; exit statuses will be unknown", "error", err)
+	}
+
+	createdRunDir, err := s.makeRunDir()
+	if err != nil {
+		s.setState(StateFailed, 0, err)
+		return err
+	}
+	mirrored := s.makeMirror()
+	defer s.finalCleanup(createdRunDir, mirrored)
+
+	backoff := time.Duration(0)
+	everReady := false
+	for {
+		if err := s.preflight(); err != nil {
+			s.setState(StateFailed, 0, err)
+			s.log.Error("not starting", "error", err)
+			return err
+		}
+		s.setState(StateStarting, 0, nil)
+		begin := time.Now()
+		p, err := s.start(ctx)
+		if ctx.Err() != nil {
+			if p != nil {
+				s.stopProc(p)
+			}
+			s.cleanStale()
+			s.setState(StateStopped, 0, nil)
+			s.log.Info("stopped while starting")
+			return nil
+		}
+		if err != nil {
+			s.cleanStale()
+			var foreign *ForeignDaemonError
+			if errors.As(err, &foreign) {
+				s.setState(StateFailed, 0, err)
+				s.log.Error("not starting", "error", err)
+				return err
+			}
+			var failures int
+			s.update(func(st *Status) { st.StartFailures++; failures = st.StartFailures })
+			if !everReady && failures >= s.opts.MaxStartFailures {
+				err = fmt.Errorf("%s never became ready: giving up after %d failed starts: %w", s.spec.Name, failures, err)
+				s.setState(StateFailed, 0, err)
+				s.log.Error("giving up", "error", err)
+				return err
+			}
+			backoff = s.nextBackoff(backoff)
+			s.setState(StateRestarting, 0, err)
+			s.log.Warn("start failed; retrying", "error", err, "failures", failures, "backoff", backoff)
+			if stop := s.pause(ctx, backoff); stop {
+				s.setState(StateStopped, 0, nil)
+				return nil
+			}
+			continue
+		}
+
+		everReady = true
+		s.update(func(st *Status) { st.StartFailures = 0 })
+		s.setState(StateReady, p.pid, nil)
+		s.readyOnce.Do(func() { close(s.ready) })
+		s.log.Info("ready", "pid", p.pid, "took", time.Since(begin).Round(time.Millisecond))
+
+		select {
+		case <-p.exit:
+			how := p.reap()
+			p.close()
+			up := time.Since(p.started)
+			s.cleanStale()
+			if up >= s.opts.StableAfter {
+				backoff = 0
+			} else {
+				backoff = s.nextBackoff(backoff)
+			}
+			derr := fmt.Errorf("%s (pid %d) died after %s: %s", s.spec.Name, p.pid, up.Round(time.Millisecond), how)
+			s.update(func(st *Status) { st.Restarts++ })
+			s.setState(StateRestarting, 0, derr)
+			s.log.Warn("daemon died; restarting", "error", derr, "backoff", backoff)
+			if stop := s.pause(ctx, backoff); stop {
+				s.setState(StateStopped, 0, nil)
+				return nil
+			}
+		case <-ctx.Done():
+			s.stopProc(p)
+			s.cleanStale()
+			s.setState(StateStopped, 0, nil)
+			s.log.Info("stopped")
+			return nil
+		case req := <-s.suspendCh:
+			s.stopProc(p)
+			s.cleanStale()
+			backoff = 0
+			if stop := s.suspended(ctx, req); stop {
+				s.setState(StateStopped, 0, nil)
+				return nil
+			}
+		}
+	}
+}
+
+func (s *Supervisor) nextBackoff(cur time.Duration) time.Duration {
+	if cur <= 0 {
+		return s.opts.BackoffInitial
+	}
+	return min(2*cur, s.opts.BackoffMax)
+}
+
+// pause waits d, serving suspend requests; it reports whether ctx ended.
+func (s *Supervisor) pause(ctx context.Context, d time.Duration) (stop bool) {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return false
+	case <-ctx.Done():
+		return true
+	case req := <-s.suspendCh:
+		return s.suspended(ctx, req)
+	}
+}
+
+// suspended acknowledges a suspend request (the daemon is already down) and
+// waits for resume; it reports whether ctx ended.
+func (s *Supervisor) suspended(ctx context.Context, req suspendReq) (stop bool) {
+	s.setState(StateSuspended, 0, nil)
+	s.log.Info("suspended")
+	req.ack <- nil
+	select {
+	case <-req.resume:
+		s.log.Info("resuming")
+		return false
+	case <-ctx.Done():
+		return true
+	}
+}
+
+func (s *Supervisor) makeRunDir() (created bool, err error) {
+	if _, err := os.Stat(s.spec.RunDir); err == nil {
+		return false, nil
+	}
+	if err := os.MkdirAll(s.spec.RunDir, 0o755); err != nil {
+		return false, fmt.Errorf("%s: create run dir: %w", s.spec.Name, err)
+	}
+	return true, nil
+}
+
+// makeMirror makes the socket visible in MirrorDir. A failure is logged, not
+// fatal: the daemon still does its job; only containers miss its socket.
+func (s *Supervisor) makeMirror() bool {
+	if s.spec.MirrorDir == "" {
+		return false
+	}
+	mounted, err := mirror(s.spec.RunDir, s.spec.MirrorDir)
+	if err != nil {
+		s.log.Warn("socket will not be visible in the driver root", "error", err)
+		return false
+	}
+	s.log.Info("run dir mirrored", "run_dir", s.spec.RunDir, "at", s.spec.MirrorDir)
+	return mounted
+}
+
+func (s *Supervisor) finalCleanup(createdRunDir, mirrored bool) {
+	if mirrored {
+		if err := unmirror(s.spec.RunDir, s.spec.MirrorDir); err != nil {
+			s.log.Warn("cannot remove mirror", "error", err)
+		}
+	}
+	if createdRunDir {
+		// Only if empty: whatever else is there is not ours to delete.
+		_ = os.Remove(s.spec.RunDir)
+	}
+}
+
+// preflight checks the pid file before a start: a lock held by anyone means a
+// live daemon we do not own (ours are stopped or dead before we get here);
+// an unlocked pid file is stale and is removed along with the socket.
+func (s *Supervisor) preflight() error {
+	st, err := probePIDFile(s.spec.PIDFile)
+	if err != nil {
+		return err
+	}
+	if st.locked {
+		return &ForeignDaemonError{Name: s.spec.Name, PIDFile: s.spec.PIDFile, PID: st.holder}
+	}
+	if !st.exists && socketAnswers(s.spec.Socket) {
+		return fmt.Errorf("%s: socket %s answers but there is no pid file: a foreign daemon uses it; leaving it alone", s.spec.Name, s.spec.Socket)
+	}
+	s.cleanStale()
+	return nil
+}
+
+// cleanStale removes the pid file and socket if no live process holds the pid file's lock.
+func (s *Supervisor) cleanStale() {
+	st, err := probePIDFile(s.spec.PIDFile)
+	if err != nil {
+		s.log.Warn("cannot check pid file", "error", err)
+		return
+	}
+	if st.locked {
+		return
+	}
+	if st.exists {
+		s.log.Info("removing stale pid file", "path", s.spec.PIDFile)
+	}
+	for _, p := range []string{s.spec.PIDFile, s.spec.Socket} {
+		if err := removeIfExists(p); err != nil {
+			s.log.Warn("cannot remove stale state", "error", err)
+		}
+	}
+}
+
+func socketAnswers(path string) bool {
+	c, err := net.DialTimeout("unix", path, time.Second)
+	if err != nil {
+		return false
+	}
+	_ = c.Close()
+	return true
+}
+
+// start runs the start command and waits until the daemon it leaves behind is
+// ready. On failure or cancellation it kills what it started.
+func (s *Supervisor) start(ctx context.Context) (*proc, error) {
+	if s.spec.Prepare != nil {
+		if err := s.spec.Prepare(); err != nil {
+			return nil, fmt.Errorf("%s: prepare: %w", s.spec.Name, err)
+		}
+	}
+	out := &tailBuffer{max: 2048}
+	cmd := exec.Command(s.spec.Path, s.spec.Args...)
+	cmd.Env = append(os.Environ(), s.spec.Env...)
+	cmd.Stdout, cmd.Stderr = out, out
+	// Its own process group, so that a stuck starter can be killed with
+	// everything it forked that did not leave the group (the daemon does, by setsid).
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	// A daemon that keeps our output pipe open must not hold up Wait.
+	cmd.WaitDelay = 500 * time.Millisecond
+	s.log.Debug("starting", "cmd", cmd.String())
+	if err := cmd.Start(); err != nil {
+		return nil, fmt.Errorf("%s: start: %w", s.spec.Name, err)
+	}
+	starterDone := make(chan error, 1)
+	go func() { starterDone <- cmd.Wait() }()
+	deadline := time.NewTimer(s.opts.StartTimeout)
+	defer deadline.Stop()
+
+	killStarter := func() {
+		_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
+		<-starterDone
+		s.killOwnDaemon()
+	}
+	select {
+	case err := <-starterDone:
+		if err != nil && !errors.Is(err, exec.ErrWaitDelay) {
+			s.killOwnDaemon()
+			return nil, fmt.Errorf("%s: start command failed: %w%s", s.spec.Name, err, out.suffix())
+		}
+	case <-ctx.Done():
+		killStarter()
+		return nil, ctx.Err()
+	case <-deadline.C:
+		killStarter()
+		return nil, fmt.Errorf("%s: not ready within %s: its start command did not return%s", s.spec.Name, s.opts.StartTimeout, out.suffix())
+	}
+
+	// The starter exited 0: find the daemon by its pid file lock, then wait for its socket.
+	tick := time.NewTicker(s.opts.PollInterval)
+	defer tick.Stop()
+	var p *proc
+	fail := func(err error) (*proc, error) {
+		if p != nil {
+			s.stopProc(p)
+		}
+		return nil, err
+	}
+	for {
+		if p == nil {
+			var err error
+			if p, err = s.findDaemon(); err != nil {
+				return fail(err)
+			}
+		} else if p.exited() {
+			how := p.reap()
+			p.close()
+			p = nil
+			return fail(fmt.Errorf("%s: daemon died before it was ready: %s%s", s.spec.Name, how, out.suffix()))
+		}
+		if p != nil && socketAnswers(s.spec.Socket) {
+			return p, nil
+		}
+		select {
+		case <-ctx.Done():
+			return fail(ctx.Err())
+		case <-deadline.C:
+			state := "no live daemon holds its pid file"
+			if p != nil {
+				state = fmt.Sprintf("daemon pid %d runs but socket %s does not answer", p.pid, s.spec.Socket)
+			}
+			return fail(fmt.Errorf("%s: not ready within %s: %s%s", s.spec.Name, s.opts.StartTimeout, state, out.suffix()))
+		case <-tick.C:
+		}
+	}
+}
+
+// findDaemon returns the daemon holding the pid file lock, or nil if none does yet.
+func (s *Supervisor) findDaemon() (*proc, error) {
+	st, err := probePIDFile(s.spec.PIDFile)
+	if err != nil || !st.locked {
+		return nil, err
+	}
+	if st.holder == 0 {
+		return nil, &ForeignDaemonError{Name: s.spec.Name, PIDFile: s.spec.PIDFile}
+	}
+	p, err := openProc(st.holder)
+	if err != nil {
+		return nil, nil // it just exited; the next probe tells
+	}
+	// Pids are reused: make sure the pidfd names the process that holds the lock.
+	if again, err := probePIDFile(s.spec.PIDFile); err != nil || !again.locked || again.holder != st.holder {
+		p.close()
+		return nil, err
+	}
+	return p, nil
+}
+
+// killOwnDaemon kills a daemon that our aborted start left holding the pid file.
+// It is ours: the preflight found the lock free before we started. A daemon
+// that forks but has not taken the lock yet when its starter is killed can
+// escape this; we look again for a short while.
+func (s *Supervisor) killOwnDaemon() {
+	for range 5 {
+		if p, err := s.findDaemon(); err == nil && p != nil {
+			s.log.Warn("killing daemon left by a failed start", "pid", p.pid)
+			_ = p.signal(unix.SIGKILL)
+			p.waitExit(2 * time.Second)
+			p.reap()
+			p.close()
+			return
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// stopProc stops a daemon: SIGTERM, StopGrace, then SIGKILL.
+func (s *Supervisor) stopProc(p *proc) {
+	defer p.close()
+	start := time.Now()
+	if err := p.signal(unix.SIGTERM); err != nil {
+		s.log.Warn("cannot signal daemon", "error", err)
+	}
+	if !p.waitExit(s.opts.StopGrace) {
+		s.log.Warn("daemon ignored SIGTERM; killing it", "pid", p.pid, "grace", s.opts.StopGrace)
+		_ = p.signal(unix.SIGKILL)
+		if !p.waitExit(2 * time.Second) {
+			s.log.Error("daemon survived SIGKILL", "pid", p.pid)
+		}
+	}
+	s.log.Info("daemon stopped", "pid", p.pid, "how", p.reap(), "took", time.Since(start).Round(time.Millisecond))
+}
+
+// tailBuffer keeps the last max bytes written: the starter's output, for errors.
+type tailBuffer struct {
+	mu  sync.Mutex
+	buf []byte
+	max int
+}
+
+func (t *tailBuffer) Write(p []byte) (int, error) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.buf = append(t.buf, p...)
+	if len(t.buf) > t.max {
+		t.buf = t.buf[len(t.buf)-t.max:]
+	}
+	return len(p), nil
+}
+
+func (t *tailBuffer) suffix() string {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	s := strings.TrimSpace(string(bytes.ToValidUTF8(t.buf, nil)))
+	if s == "" {
+		return ""
+	}
+	return ": output: " + strings.ReplaceAll(s, "\n", " | ")
+}

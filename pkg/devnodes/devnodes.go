@@ -1,0 +1,469 @@
+// Package devnodes creates the NVIDIA device nodes that nvidia-modprobe creates on other
+// distributions: Talos has no nvidia-modprobe run by a driver container. Majors and minors
+// come from /proc, never from constants, and every node and link is made idempotently.
+package devnodes
+
+import (
+	"bufio"
+	"errors"
+	"fmt"
+	"io/fs"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+
+	"golang.org/x/sys/unix"
+)
+
+// Minors of the control nodes on the nvidia major, fixed by the kernel module's ABI.
+const (
+	ctlMinor     = 255
+	modesetMinor = 254
+	// Default mode of the nvidia nodes (the module's NVreg_DeviceFileMode default).
+	nodeMode = 0o666
+)
+
+// Node is one character device node.
+type Node struct {
+	Path  string      `json:"path"` // relative to the host root, e.g. dev/nvidia0
+	Major uint32      `json:"major"`
+	Minor uint32      `json:"minor"`
+	Mode  os.FileMode `json:"mode"`
+}
+
+// Result lists what Sync left in /dev and what it changed.
+type Result struct {
+	Nodes   []Node   `json:"nodes"`
+	Created []string `json:"created,omitempty"`
+	Removed []string `json:"removed,omitempty"`
+}
+
+// Sync makes /dev match what the loaded driver offers, under hostRoot ("/" on a node):
+// nvidiactl, nvidia-modeset (when nvidia_modeset is loaded), nvidia-uvm and nvidia-uvm-tools
+// (when nvidia_uvm is loaded), one nvidiaN per GPU, the MIG capability nodes that exist now
+// (config, monitor, and one per GPU and compute instance) with stale ones removed, and
+// /dev/char/<major>:<minor> links for all of them.
+func Sync(log *slog.Logger, hostRoot string) (Result, error) {
+	want, err := Desired(hostRoot)
+	if err != nil {
+		return Result{}, err
+	}
+
+	res := Result{Nodes: want}
+
+	for _, n := range want {
+		changed, err := ensureNode(filepath.Join(hostRoot, n.Path), n)
+		if err != nil {
+			return res, err
+		}
+
+		if changed {
+			res.Created = append(res.Created, n.Path)
+		}
+
+		link := filepath.Join(hostRoot, "dev/char", fmt.Sprintf("%d:%d", n.Major, n.Minor))
+		if err := ensureLink(link, filepath.Join("..", strings.TrimPrefix(n.Path, "dev/"))); err != nil {
+			return res, err
+		}
+	}
+
+	removed, err := removeStaleCaps(hostRoot, want)
+	res.Removed = removed
+
+	if err != nil {
+		return res, err
+	}
+
+	log.Info("device nodes in place", "nodes", len(want), "created", len(res.Created), "removed", len(res.Removed))
+
+	return res, nil
+}
+
+// Desired reads /proc under hostRoot and returns the nodes the driver offers now.
+func Desired(hostRoot string) ([]Node, error) {
+	majors, err := readMajors(filepath.Join(hostRoot, "proc/devices"))
+	if err != nil {
+		return nil, err
+	}
+
+	nv, ok := majors["nvidia-frontend"]
+	if !ok {
+		nv, ok = majors["nvidia"]
+	}
+
+	if !ok {
+		return nil, fmt.Errorf("%s lists no nvidia character device: the nvidia kernel module is not loaded", filepath.Join(hostRoot, "proc/devices"))
+	}
+
+	nodes := []Node{{Path: "dev/nvidiactl", Major: nv, Minor: ctlMinor, Mode: nodeMode}}
+
+	if _, err := os.Stat(filepath.Join(hostRoot, "sys/module/nvidia_modeset")); err == nil {
+		nodes = append(nodes, Node{Path: "dev/nvidia-modeset", Major: nv, Minor: modesetMinor, Mode: nodeMode})
+	}
+
+	if uvm, ok := majors["nvidia-uvm"]; ok {
+		nodes = append(nodes,
+			Node{Path: "dev/nvidia-uvm", Major: uvm, Minor: 0, Mode: nodeMode},
+			Node{Path: "dev/nvidia-uvm-tools", Major: uvm, Minor: 1, Mode: nodeMode},
+		)
+	}
+
+	minors, err := gpuMinors(filepath.Join(hostRoot, "proc/driver/nvidia/gpus"))
+	if err != nil {
+		return nil, err
+	}
+
+	for _, m := range minors {
+		nodes = append(nodes, Node{Path: fmt.Sprintf("dev/nvidia%d", m), Major: nv, Minor: m, Mode: nodeMode})
+	}
+
+	if caps, ok := majors["nvidia-caps"]; ok {
+		capNodes, err := capabilityNodes(hostRoot, caps)
+		if err != nil {
+			return nil, err
+		}
+
+		nodes = append(nodes, capNodes...)
+	}
+
+	return nodes, nil
+}
+
+func readMajors(path string) (map[string]uint32, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, fmt.Errorf("reading device majors: %w", err)
+	}
+	defer f.Close() //nolint:errcheck
+
+	majors := map[string]uint32{}
+	inChar := false
+	sc := bufio.NewScanner(f)
+
+	for sc.Scan() {
+		line := strings.TrimSpace(sc.Text())
+
+		switch {
+		case line == "Character devices:":
+			inChar = true
+		case line == "Block devices:":
+			inChar = false
+		case inChar:
+			fields := strings.Fields(line)
+			if len(fields) != 2 {
+				continue
+			}
+
+			m, err := strconv.ParseUint(fields[0], 10, 32)
+			if err != nil {
+				return nil, fmt.Errorf("%s: bad line %q: %w", path, line, err)
+			}
+
+			majors[fields[1]] = uint32(m)
+		}
+	}
+
+	if err := sc.Err(); err != nil {
+		return nil, fmt.Errorf("reading %s: %w", path, err)
+	}
+
+	return majors, nil
+}
+
+var deviceMinorLine = regexp.MustCompile(`(?m)^Device Minor:\s*(\d+)\s*$`)
+
+// gpuMinors reads the minor of every GPU from /proc/driver/nvidia/gpus/<bus id>/information.
+func gpuMinors(dir string) ([]uint32, error) {
+	entries, err := os.ReadDir(dir)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, nil
+	}
+
+	if err != nil {
+		return nil, fmt.Errorf("listing GPUs: %w", err)
+	}
+
+	var minors []uint32
+
+	for _, e := range entries {
+		path := filepath.Join(dir, e.Name(), "information")
+
+		data, err := os.ReadFile(path)
+		if err != nil {
+			return nil, fmt.Errorf("reading GPU information: %w", err)
+		}
+
+		m := deviceMinorLine.FindSubmatch(data)
+		if m == nil {
+			return nil, fmt.Errorf("%s has no \"Device Minor:\" line", path)
+		}
+
+		minor, err := strconv.ParseUint(string(m[1]), 10, 32)
+		if err != nil {
+			return nil, fmt.Errorf("%s: bad device minor: %w", path, err)
+		}
+
+		minors = append(minors, uint32(minor))
+	}
+
+	slices.Sort(minors)
+
+	return minors, nil
+}
+
+// capabilityNodes returns a node for every capability the driver exposes now. The driver
+// creates /proc/driver/nvidia/capabilities entries only for MIG GPU and compute instances
+// that exist, while mig-minors lists every possible one: the first says which, the second
+// says which minor.
+func capabilityNodes(hostRoot string, major uint32) ([]Node, error) {
+	minorsPath := filepath.Join(hostRoot, "proc/driver/nvidia-caps/mig-minors")
+
+	minors, err := readMigMinors(minorsPath)
+	if err != nil {
+		return nil, err
+	}
+
+	capsDir := filepath.Join(hostRoot, "proc/driver/nvidia/capabilities")
+
+	var nodes []Node
+
+	err = filepath.WalkDir(capsDir, func(path string, d fs.DirEntry, err error) error {
+		if err != nil {
+			if errors.Is(err, fs.ErrNotExist) && path == capsDir {
+				return fs.SkipDir
+			}
+
+			return err
+		}
+
+		if d.IsDir() {
+			return nil
+		}
+
+		rel, _ := filepath.Rel(capsDir, path) //nolint:errcheck // path is under capsDir
+
+		key, ok := migMinorKey(rel)
+		if !ok {
+			return nil
+		}
+
+		minor, ok := minors[key]
+		if !ok {
+			return fmt.Errorf("capability %s is not listed in %s", key, minorsPath)
+		}
+
+		mode, fileMinor, err := readCapability(path)
+		if err != nil {
+			return err
+		}
+
+		if fileMinor >= 0 && uint32(fileMinor) != minor {
+			return fmt.Errorf("capability %s: %s says minor %d, %s says %d", key, path, fileMinor, minorsPath, minor)
+		}
+
+		nodes = append(nodes, Node{Path: fmt.Sprintf("dev/nvidia-caps/nvidia-cap%d", minor), Major: major, Minor: minor, Mode: mode})
+
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("reading MIG capabilities: %w", err)
+	}
+
+	slices.SortFunc(nodes, func(a, b Node) int { return int(a.Minor) - int(b.Minor) })
+
+	return nodes, nil
+}
+
+// migMinorKey maps a capabilities path to its key in mig-minors:
+// mig/config -> config, gpu0/mig/gi1/access -> gpu0/gi1/access, gpu0/mig/gi1/ci0/access ->
+// gpu0/gi1/ci0/access.
+func migMinorKey(rel string) (string, bool) {
+	parts := strings.Split(filepath.ToSlash(rel), "/")
+
+	switch {
+	case len(parts) == 2 && parts[0] == "mig" && (parts[1] == "config" || parts[1] == "monitor"):
+		return parts[1], true
+	case len(parts) >= 4 && strings.HasPrefix(parts[0], "gpu") && parts[1] == "mig" && parts[len(parts)-1] == "access":
+		return strings.Join(append([]string{parts[0]}, parts[2:]...), "/"), true
+	}
+
+	return "", false
+}
+
+func readMigMinors(path string) (map[string]uint32, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, fmt.Errorf("reading MIG capability minors: %w", err)
+	}
+	defer f.Close() //nolint:errcheck
+
+	minors := map[string]uint32{}
+	sc := bufio.NewScanner(f)
+
+	for sc.Scan() {
+		fields := strings.Fields(sc.Text())
+		if len(fields) != 2 {
+			continue
+		}
+
+		m, err := strconv.ParseUint(fields[1], 10, 32)
+		if err != nil {
+			return nil, fmt.Errorf("%s: bad line %q: %w", path, sc.Text(), err)
+		}
+
+		minors[fields[0]] = uint32(m)
+	}
+
+	if err := sc.Err(); err != nil {
+		return nil, fmt.Errorf("reading %s: %w", path, err)
+	}
+
+	return minors, nil
+}
+
+// readCapability parses a capability file: "DeviceFileMinor: 1", "DeviceFileMode: 256"
+// (decimal), "DeviceFileModify: 1". A missing minor is returned as -1.
+func readCapability(path string) (os.FileMode, int64, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return 0, 0, fmt.Errorf("reading capability: %w", err)
+	}
+
+	mode, minor := os.FileMode(0o444), int64(-1)
+
+	for _, line := range strings.Split(string(data), "\n") {
+		k, v, ok := strings.Cut(line, ":")
+		if !ok {
+			continue
+		}
+
+		n, err := strconv.ParseInt(strings.TrimSpace(v), 10, 64)
+		if err != nil {
+			continue
+		}
+
+		switch strings.TrimSpace(k) {
+		case "DeviceFileMode":
+			mode = os.FileMode(n) & os.ModePerm
+		case "DeviceFileMinor":
+			minor = n
+		}
+	}
+
+	return mode, minor, nil
+}
+
+// ensureNode makes path a character device with the node's numbers and mode. A wrong node
+// is replaced through a temporary name and a rename, so the path is never missing.
+func ensureNode(path string, n Node) (bool, error) {
+	var st unix.Stat_t
+	if err := unix.Lstat(path, &st); err == nil {
+		if st.Mode&unix.S_IFMT == unix.S_IFCHR && st.Rdev == unix.Mkdev(n.Major, n.Minor) && os.FileMode(st.Mode&0o777) == n.Mode {
+			return false, nil
+		}
+	}
+
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		return false, fmt.Errorf("creating %s: %w", filepath.Dir(path), err)
+	}
+
+	tmp := path + ".tmp"
+	_ = os.Remove(tmp) //nolint:errcheck // a leftover from a crash
+
+	if err := unix.Mknod(tmp, unix.S_IFCHR|uint32(n.Mode), int(unix.Mkdev(n.Major, n.Minor))); err != nil {
+		return false, fmt.Errorf("creating device node %s (%d:%d): %w", path, n.Major, n.Minor, err)
+	}
+
+	// mknod applies the umask; set the mode the driver asks for.
+	if err := unix.Chmod(tmp, uint32(n.Mode)); err != nil {
+		os.Remove(tmp) //nolint:errcheck
+
+		return false, fmt.Errorf("setting mode of %s: %w", path, err)
+	}
+
+	if err := os.Rename(tmp, path); err != nil {
+		os.Remove(tmp) //nolint:errcheck
+
+		return false, fmt.Errorf("placing device node %s: %w", path, err)
+	}
+
+	return true, nil
+}
+
+func ensureLink(path, target string) error {
+	if cur, err := os.Readlink(path); err == nil && cur == target {
+		return nil
+	}
+
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		return fmt.Errorf("creating %s: %w", filepath.Dir(path), err)
+	}
+
+	tmp := path + ".tmp"
+	_ = os.Remove(tmp) //nolint:errcheck
+
+	if err := os.Symlink(target, tmp); err != nil {
+		return fmt.Errorf("creating link %s: %w", path, err)
+	}
+
+	if err := os.Rename(tmp, path); err != nil {
+		os.Remove(tmp) //nolint:errcheck
+
+		return fmt.Errorf("placing link %s: %w", path, err)
+	}
+
+	return nil
+}
+
+var capNodeName = regexp.MustCompile(`^nvidia-cap(\d+)$`)
+
+// removeStaleCaps removes capability nodes (and their /dev/char links) for MIG instances
+// that no longer exist.
+func removeStaleCaps(hostRoot string, want []Node) ([]string, error) {
+	dir := filepath.Join(hostRoot, "dev/nvidia-caps")
+
+	entries, err := os.ReadDir(dir)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, nil
+	}
+
+	if err != nil {
+		return nil, fmt.Errorf("listing %s: %w", dir, err)
+	}
+
+	keep := map[string]bool{}
+	for _, n := range want {
+		keep[n.Path] = true
+	}
+
+	var removed []string
+
+	for _, e := range entries {
+		rel := "dev/nvidia-caps/" + e.Name()
+		if !capNodeName.MatchString(e.Name()) || keep[rel] {
+			continue
+		}
+
+		path := filepath.Join(dir, e.Name())
+
+		var st unix.Stat_t
+		if err := unix.Lstat(path, &st); err == nil && st.Mode&unix.S_IFMT == unix.S_IFCHR {
+			link := filepath.Join(hostRoot, "dev/char", fmt.Sprintf("%d:%d", unix.Major(st.Rdev), unix.Minor(st.Rdev)))
+			if err := os.Remove(link); err != nil && !errors.Is(err, fs.ErrNotExist) {
+				return removed, fmt.Errorf("removing stale link %s: %w", link, err)
+			}
+		}
+
+		if err := os.Remove(path); err != nil {
+			return removed, fmt.Errorf("removing stale capability node %s: %w", path, err)
+		}
+
+		removed = append(removed, rel)
+	}
+
+	return removed, nil
+}

@@ -1,0 +1,227 @@
+package devnodes_test
+
+import (
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"golang.org/x/sys/unix"
+
+	"github.com/talos-nvidia/nvidia-driver/internal/testutil"
+	"github.com/talos-nvidia/nvidia-driver/pkg/devnodes"
+)
+
+var quiet = slog.New(slog.NewTextHandler(io.Discard, nil))
+
+// fakeProc writes the /proc and /sys files a loaded driver offers: two GPUs with minors 0
+// and 3, uvm and modeset loaded, and the MIG instances given as (gpu minor, gi, ci).
+func fakeProc(t *testing.T, root string, instances ...[3]int) {
+	t.Helper()
+
+	files := map[string]string{
+		"proc/devices": "Character devices:\n  1 mem\n195 nvidia-frontend\n 10 misc\n506 nvidia-uvm\n507 nvidia-caps\n\nBlock devices:\n  8 sd\n",
+		"proc/driver/nvidia/gpus/0000:0f:00.0/information": "Model: \t\t NVIDIA H200\nDevice Minor: \t 0\n",
+		"proc/driver/nvidia/gpus/0000:8a:00.0/information": "Model: \t\t NVIDIA H200\nDevice Minor: \t 3\n",
+		"proc/driver/nvidia-caps/mig-minors":               "config 1\nmonitor 2\ngpu0/gi1/access 12\ngpu0/gi1/ci0/access 13\ngpu0/gi2/access 21\ngpu0/gi2/ci0/access 22\ngpu3/gi1/access 417\ngpu3/gi1/ci0/access 418\n",
+		"proc/driver/nvidia/capabilities/mig/config":       "DeviceFileMinor: 1\nDeviceFileMode: 256\nDeviceFileModify: 1\n",
+		"proc/driver/nvidia/capabilities/mig/monitor":      "DeviceFileMinor: 2\nDeviceFileMode: 292\nDeviceFileModify: 1\n",
+	}
+
+	minors := map[[3]int][2]int{{0, 1, 0}: {12, 13}, {0, 2, 0}: {21, 22}, {3, 1, 0}: {417, 418}}
+
+	for _, in := range instances {
+		m := minors[in]
+		files[fmt.Sprintf("proc/driver/nvidia/capabilities/gpu%d/mig/gi%d/access", in[0], in[1])] = fmt.Sprintf("DeviceFileMinor: %d\nDeviceFileMode: 292\n", m[0])
+		files[fmt.Sprintf("proc/driver/nvidia/capabilities/gpu%d/mig/gi%d/ci%d/access", in[0], in[1], in[2])] = fmt.Sprintf("DeviceFileMinor: %d\nDeviceFileMode: 292\n", m[1])
+	}
+
+	require.NoError(t, os.RemoveAll(filepath.Join(root, "proc/driver/nvidia/capabilities")))
+
+	for rel, content := range files {
+		p := filepath.Join(root, rel)
+		require.NoError(t, os.MkdirAll(filepath.Dir(p), 0o755))
+		require.NoError(t, os.WriteFile(p, []byte(content), 0o444))
+	}
+
+	for _, mod := range []string{"nvidia_modeset", "nvidia_uvm"} {
+		require.NoError(t, os.MkdirAll(filepath.Join(root, "sys/module", mod), 0o755))
+	}
+}
+
+func newRoot(t *testing.T) string {
+	t.Helper()
+	testutil.RequireRoot(t)
+
+	return t.TempDir()
+}
+
+func assertNode(t *testing.T, path string, major, minor uint32, mode os.FileMode) {
+	t.Helper()
+
+	var st unix.Stat_t
+	require.NoError(t, unix.Lstat(path, &st), path)
+	assert.Equal(t, uint32(unix.S_IFCHR), st.Mode&unix.S_IFMT, "%s is a character device", path)
+	assert.Equal(t, major, unix.Major(st.Rdev), "%s major", path)
+	assert.Equal(t, minor, unix.Minor(st.Rdev), "%s minor", path)
+	assert.Equal(t, mode, os.FileMode(st.Mode&0o777), "%s mode", path)
+}
+
+func TestSyncCreatesNodesFromProc(t *testing.T) {
+	root := newRoot(t)
+	fakeProc(t, root, [3]int{0, 1, 0})
+
+	res, err := devnodes.Sync(quiet, root)
+	require.NoError(t, err)
+
+	assertNode(t, filepath.Join(root, "dev/nvidiactl"), 195, 255, 0o666)
+	assertNode(t, filepath.Join(root, "dev/nvidia-modeset"), 195, 254, 0o666)
+	assertNode(t, filepath.Join(root, "dev/nvidia-uvm"), 506, 0, 0o666)
+	assertNode(t, filepath.Join(root, "dev/nvidia-uvm-tools"), 506, 1, 0o666)
+	assertNode(t, filepath.Join(root, "dev/nvidia0"), 195, 0, 0o666)
+	assertNode(t, filepath.Join(root, "dev/nvidia3"), 195, 3, 0o666)
+	assertNode(t, filepath.Join(root, "dev/nvidia-caps/nvidia-cap1"), 507, 1, 0o400)
+	assertNode(t, filepath.Join(root, "dev/nvidia-caps/nvidia-cap2"), 507, 2, 0o444)
+	assertNode(t, filepath.Join(root, "dev/nvidia-caps/nvidia-cap12"), 507, 12, 0o444)
+	assertNode(t, filepath.Join(root, "dev/nvidia-caps/nvidia-cap13"), 507, 13, 0o444)
+
+	// Only instances that exist get a node, though mig-minors lists more.
+	assert.NoFileExists(t, filepath.Join(root, "dev/nvidia-caps/nvidia-cap21"))
+	assert.NoFileExists(t, filepath.Join(root, "dev/nvidia-caps/nvidia-cap417"))
+
+	link, err := os.Readlink(filepath.Join(root, "dev/char/195:3"))
+	require.NoError(t, err)
+	assert.Equal(t, "../nvidia3", link)
+
+	link, err = os.Readlink(filepath.Join(root, "dev/char/507:13"))
+	require.NoError(t, err)
+	assert.Equal(t, "../nvidia-caps/nvidia-cap13", link)
+
+	assert.Len(t, res.Nodes, 10)
+	assert.Len(t, res.Created, 10)
+}
+
+func TestSyncIsIdempotent(t *testing.T) {
+	root := newRoot(t)
+	fakeProc(t, root, [3]int{0, 1, 0})
+
+	_, err := devnodes.Sync(quiet, root)
+	require.NoError(t, err)
+
+	var before unix.Stat_t
+	require.NoError(t, unix.Stat(filepath.Join(root, "dev/nvidia0"), &before))
+
+	res, err := devnodes.Sync(quiet, root)
+	require.NoError(t, err)
+	assert.Empty(t, res.Created)
+	assert.Empty(t, res.Removed)
+
+	var after unix.Stat_t
+	require.NoError(t, unix.Stat(filepath.Join(root, "dev/nvidia0"), &after))
+	assert.Equal(t, before.Ino, after.Ino, "an unchanged node is left alone")
+}
+
+func TestSyncFixesWrongNode(t *testing.T) {
+	root := newRoot(t)
+	fakeProc(t, root)
+
+	require.NoError(t, os.MkdirAll(filepath.Join(root, "dev"), 0o755))
+	require.NoError(t, unix.Mknod(filepath.Join(root, "dev/nvidia0"), unix.S_IFCHR|0o600, int(unix.Mkdev(195, 7))))
+
+	res, err := devnodes.Sync(quiet, root)
+	require.NoError(t, err)
+	assert.Contains(t, res.Created, "dev/nvidia0")
+	assertNode(t, filepath.Join(root, "dev/nvidia0"), 195, 0, 0o666)
+}
+
+func TestSyncRemovesStaleCapabilities(t *testing.T) {
+	root := newRoot(t)
+	fakeProc(t, root, [3]int{0, 1, 0}, [3]int{0, 2, 0}, [3]int{3, 1, 0})
+
+	_, err := devnodes.Sync(quiet, root)
+	require.NoError(t, err)
+	assertNode(t, filepath.Join(root, "dev/nvidia-caps/nvidia-cap418"), 507, 418, 0o444)
+
+	// The layout changes: gpu0/gi2 and gpu3/gi1 are destroyed.
+	fakeProc(t, root, [3]int{0, 1, 0})
+
+	res, err := devnodes.Sync(quiet, root)
+	require.NoError(t, err)
+	assert.ElementsMatch(t, []string{
+		"dev/nvidia-caps/nvidia-cap21", "dev/nvidia-caps/nvidia-cap22",
+		"dev/nvidia-caps/nvidia-cap417", "dev/nvidia-caps/nvidia-cap418",
+	}, res.Removed)
+	assert.NoFileExists(t, filepath.Join(root, "dev/nvidia-caps/nvidia-cap418"))
+	assert.NoFileExists(t, filepath.Join(root, "dev/char/507:418"))
+	assertNode(t, filepath.Join(root, "dev/nvidia-caps/nvidia-cap13"), 507, 13, 0o444)
+}
+
+func TestSyncErrors(t *testing.T) {
+	cases := []struct {
+		name  string
+		setup func(t *testing.T, root string)
+		want  string
+	}{
+		{
+			name:  "no /proc/devices",
+			setup: func(*testing.T, string) {},
+			want:  "reading device majors",
+		},
+		{
+			name: "driver not loaded",
+			setup: func(t *testing.T, root string) {
+				write(t, root, "proc/devices", "Character devices:\n  1 mem\n\nBlock devices:\n")
+			},
+			want: "lists no nvidia character device: the nvidia kernel module is not loaded",
+		},
+		{
+			name: "GPU information without a minor",
+			setup: func(t *testing.T, root string) {
+				fakeProc(t, root)
+				write(t, root, "proc/driver/nvidia/gpus/0000:0f:00.0/information", "Model: H200\n")
+			},
+			want: `has no "Device Minor:" line`,
+		},
+		{
+			name: "capability unknown to mig-minors",
+			setup: func(t *testing.T, root string) {
+				fakeProc(t, root)
+				write(t, root, "proc/driver/nvidia/capabilities/gpu9/mig/gi1/access", "DeviceFileMinor: 5\n")
+			},
+			want: "capability gpu9/gi1/access is not listed in",
+		},
+		{
+			name: "capability and mig-minors disagree",
+			setup: func(t *testing.T, root string) {
+				fakeProc(t, root)
+				write(t, root, "proc/driver/nvidia/capabilities/gpu0/mig/gi1/access", "DeviceFileMinor: 99\n")
+			},
+			want: "says minor 99",
+		},
+	}
+
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			root := newRoot(t)
+			tc.setup(t, root)
+
+			_, err := devnodes.Sync(quiet, root)
+			require.ErrorContains(t, err, tc.want)
+
+			// Nothing was created on a bad /proc.
+			assert.NoDirExists(t, filepath.Join(root, "dev"))
+		})
+	}
+}
+
+func write(t *testing.T, root, rel, content string) {
+	t.Helper()
+
+	p := filepath.Join(root, rel)
+	require.NoError(t, os.MkdirAll(filepath.Dir(p), 0o755))
+	require.NoError(t, os.WriteFile(p, []byte(content), 0o444))
+}

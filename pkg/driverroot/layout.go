@@ -1,0 +1,38 @@
+// Package driverroot checks a glibc subroot against what its consumers need, and mounts it
+// read-only at /run/nvidia/driver, the path where the GPU Operator, its validator and the
+// device plugin look for a driver by default.
+package driverroot
+
+import "path/filepath"
+
+// Paths inside a subroot. The layout is the same whether the subroot comes from NVIDIA's
+// installer (pkg.yaml), from Debian's packages or from an installed driver tree
+// (hack/build-subroot.sh).
+const (
+	// LoaderPath is the glibc loader, at the standard interpreter path.
+	LoaderPath = "lib64/ld-linux-x86-64.so.2"
+	// LibDir holds glibc and the NVIDIA libraries. Every consumer searches it; /usr/lib is
+	// in none of their lists.
+	LibDir = "usr/lib64"
+	// BinDir holds nvidia-smi, nvidia-persistenced and NVIDIA's other tools.
+	BinDir = "usr/bin"
+	// LdconfigPath is a static ldconfig.
+	LdconfigPath = "sbin/ldconfig"
+	// LdCachePath is the cache that nvcdi reads to find the driver's libraries.
+	LdCachePath = "etc/ld.so.cache"
+	// PersistencedSocketDir is an empty directory on which the daemon's socket directory is
+	// bind-mounted, because nvcdi looks for the socket under the driver root.
+	PersistencedSocketDir = "run/nvidia-persistenced"
+)
+
+// Command returns the argv that runs a subroot program with the subroot's own loader and
+// libraries, whatever loader and libc the caller's root filesystem has.
+func Command(root, program string, args ...string) []string {
+	argv := []string{
+		filepath.Join(root, LoaderPath),
+		"--library-path", filepath.Join(root, LibDir),
+		filepath.Join(root, BinDir, program),
+	}
+
+	return append(argv, args...)
+}

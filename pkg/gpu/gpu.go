@@ -1,0 +1,150 @@
+// Package gpu is the narrow NVML layer the node jobs share: loading NVML from the subroot,
+// initializing it with errors a person can act on, and listing the GPUs.
+package gpu
+
+import (
+	"errors"
+	"fmt"
+	"path/filepath"
+
+	"github.com/NVIDIA/go-nvml/pkg/nvml"
+)
+
+// NVMLLibrary is the NVML library inside a subroot.
+const NVMLLibrary = "usr/lib64/libnvidia-ml.so.1"
+
+// FromSubroot returns NVML that will be loaded, on Init, from the subroot: never from the
+// service's own root filesystem, which has no driver.
+func FromSubroot(subroot string) nvml.Interface {
+	return nvml.New(nvml.WithLibraryPath(filepath.Join(subroot, NVMLLibrary)))
+}
+
+// ErrNoDriver says that the NVIDIA kernel driver is not there (yet).
+var ErrNoDriver = errors.New("the NVIDIA kernel driver is not loaded")
+
+// Init initializes NVML. Its errors say what a person should look at.
+func Init(lib nvml.Interface) error {
+	ret := lib.Init()
+
+	switch {
+	case ret == nvml.SUCCESS:
+		return nil
+	case errors.Is(ret, nvml.ERROR_LIBRARY_NOT_FOUND):
+		return fmt.Errorf("loading NVML (%s) failed: the subroot lacks it or its libraries: %w", NVMLLibrary, ret)
+	case errors.Is(ret, nvml.ERROR_DRIVER_NOT_LOADED):
+		return fmt.Errorf("%w: NVML: %w", ErrNoDriver, ret)
+	case errors.Is(ret, nvml.ERROR_NO_PERMISSION):
+		return fmt.Errorf("NVML has no access to /dev/nvidiactl: %w", ret)
+	default:
+		return fmt.Errorf("initializing NVML: %w", ret)
+	}
+}
+
+// GPU describes one physical GPU.
+type GPU struct {
+	Index     int    `json:"index"`
+	UUID      string `json:"uuid"`
+	Name      string `json:"name"`
+	BusID     string `json:"busId"`
+	Minor     int    `json:"minor"`
+	MemoryMiB uint64 `json:"memoryMiB"`
+	// MIG is "enabled", "disabled", "enabled (pending disable)" and so on, or "" where the
+	// GPU has no MIG.
+	MIG string `json:"mig,omitempty"`
+}
+
+// List returns the GPUs NVML sees. NVML must be initialized.
+func List(lib nvml.Interface) ([]GPU, error) {
+	n, ret := lib.DeviceGetCount()
+	if ret != nvml.SUCCESS {
+		return nil, fmt.Errorf("counting GPUs: %w", ret)
+	}
+
+	gpus := make([]GPU, 0, n)
+
+	for i := range n {
+		d, ret := lib.DeviceGetHandleByIndex(i)
+		if ret != nvml.SUCCESS {
+			return nil, fmt.Errorf("GPU %d: getting its handle: %w", i, ret)
+		}
+
+		g, err := describe(i, d)
+		if err != nil {
+			return nil, fmt.Errorf("GPU %d: %w", i, err)
+		}
+
+		gpus = append(gpus, g)
+	}
+
+	return gpus, nil
+}
+
+func describe(i int, d nvml.Device) (GPU, error) {
+	g := GPU{Index: i}
+
+	var ret nvml.Return
+
+	if g.UUID, ret = d.GetUUID(); ret != nvml.SUCCESS {
+		return g, fmt.Errorf("reading UUID: %w", ret)
+	}
+
+	if g.Name, ret = d.GetName(); ret != nvml.SUCCESS {
+		return g, fmt.Errorf("reading name: %w", ret)
+	}
+
+	if g.Minor, ret = d.GetMinorNumber(); ret != nvml.SUCCESS {
+		return g, fmt.Errorf("reading minor number: %w", ret)
+	}
+
+	pci, ret := d.GetPciInfo()
+	if ret != nvml.SUCCESS {
+		return g, fmt.Errorf("reading PCI info: %w", ret)
+	}
+
+	g.BusID = busID(pci)
+
+	if mem, ret := d.GetMemoryInfo(); ret == nvml.SUCCESS {
+		g.MemoryMiB = mem.Total >> 20
+	}
+
+	g.MIG = migMode(d)
+
+	return g, nil
+}
+
+func migMode(d nvml.Device) string {
+	current, pending, ret := d.GetMigMode()
+	if ret != nvml.SUCCESS {
+		return ""
+	}
+
+	s := modeName(current)
+	if pending != current {
+		s += fmt.Sprintf(" (pending %s)", modeName(pending))
+	}
+
+	return s
+}
+
+func modeName(m int) string {
+	if m == nvml.DEVICE_MIG_ENABLE {
+		return "enabled"
+	}
+
+	return "disabled"
+}
+
+// busID turns NVML's fixed-size, NUL-padded bus id into a string such as 00000000:0F:00.0.
+func busID(p nvml.PciInfo) string {
+	b := make([]byte, 0, len(p.BusIdLegacy))
+
+	for _, c := range p.BusId {
+		if c == 0 {
+			break
+		}
+
+		b = append(b, byte(c))
+	}
+
+	return string(b)
+}

@@ -1,0 +1,173 @@
+package sim
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"github.com/NVIDIA/go-nvml/pkg/nvml"
+
+	gpuinfo "github.com/talos-nvidia/nvidia-driver/pkg/gpu"
+)
+
+// Device majors of the simulated node, as a loaded driver lists them in /proc/devices.
+const (
+	MajorNvidia = 195
+	MajorUVM    = 507
+	MajorCaps   = 508
+)
+
+// The driver numbers MIG capability minors as: config 1, monitor 2, then for each GPU 15 GPU
+// instances, each followed by its 8 compute instances.
+const (
+	migGIsPerGPU = 15
+	migCIsPerGI  = 8
+)
+
+// MigMinor returns the minor that /proc/driver/nvidia-caps/mig-minors gives a GPU instance
+// (ci < 0) or a compute instance.
+func MigMinor(gpuMinor, gi, ci int) int {
+	base := 3 + gpuMinor*migGIsPerGPU*(1+migCIsPerGI) + gi*(1+migCIsPerGI)
+	if ci < 0 {
+		return base
+	}
+
+	return base + 1 + ci
+}
+
+// WriteProcFS writes under hostRoot the /proc and /sys files that a loaded NVIDIA driver
+// offers for the GPUs that lib reports: device majors, the driver version, one information
+// file per GPU, the MIG capability minors and a capability file for every MIG instance that
+// exists. The device-node job reads exactly these files, so a simulated node looks to it
+// like a real one. NVML must be initialized.
+func WriteProcFS(hostRoot string, lib nvml.Interface) error {
+	files := map[string]string{
+		"proc/devices": fmt.Sprintf("Character devices:\n  1 mem\n%3d nvidia-frontend\n%3d nvidia-uvm\n%3d nvidia-caps\n\nBlock devices:\n  8 sd\n",
+			MajorNvidia, MajorUVM, MajorCaps),
+		"proc/driver/nvidia/capabilities/mig/config":  capability(1, 0o400),
+		"proc/driver/nvidia/capabilities/mig/monitor": capability(2, 0o444),
+	}
+
+	version, ret := lib.SystemGetDriverVersion()
+	if ret != nvml.SUCCESS {
+		return fmt.Errorf("reading the simulated driver version: %w", ret)
+	}
+
+	files["proc/driver/nvidia/version"] = fmt.Sprintf("NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  %s  Simulated\nGCC version:  gcc\n", version)
+
+	gpus, err := gpuinfo.List(lib)
+	if err != nil {
+		return err
+	}
+
+	var minors strings.Builder
+
+	minors.WriteString("config 1\nmonitor 2\n")
+
+	for m := range max(len(gpus), 8) {
+		for gi := range migGIsPerGPU {
+			fmt.Fprintf(&minors, "gpu%d/gi%d/access %d\n", m, gi, MigMinor(m, gi, -1))
+
+			for ci := range migCIsPerGI {
+				fmt.Fprintf(&minors, "gpu%d/gi%d/ci%d/access %d\n", m, gi, ci, MigMinor(m, gi, ci))
+			}
+		}
+	}
+
+	files["proc/driver/nvidia-caps/mig-minors"] = minors.String()
+
+	for _, g := range gpus {
+		if g.BusID == "" {
+			g.BusID = fmt.Sprintf("00000000:%02X:00.0", 0x10+g.Index)
+		}
+
+		files[filepath.Join("proc/driver/nvidia/gpus", strings.ToLower(g.BusID), "information")] = fmt.Sprintf(
+			"Model: \t\t %s\nIRQ:   \t\t 0\nGPU UUID: \t %s\nVideo BIOS: \t 00.00.00.00.00\nBus Type: \t PCIe\nDMA Size: \t 52 bits\nDMA Mask: \t 0xfffffffffffff\nBus Location: \t %s\nDevice Minor: \t %d\nGPU Excluded:\t No\n",
+			g.Name, g.UUID, g.BusID, g.Minor)
+
+		instances, err := migInstances(lib, g.Index)
+		if err != nil {
+			return err
+		}
+
+		for _, in := range instances {
+			files[fmt.Sprintf("proc/driver/nvidia/capabilities/gpu%d/mig/gi%d/access", g.Minor, in.gi)] = capability(MigMinor(g.Minor, in.gi, -1), 0o444)
+			files[fmt.Sprintf("proc/driver/nvidia/capabilities/gpu%d/mig/gi%d/ci%d/access", g.Minor, in.gi, in.ci)] = capability(MigMinor(g.Minor, in.gi, in.ci), 0o444)
+		}
+	}
+
+	// A fresh capabilities tree: instances destroyed since the last write must disappear.
+	if err := os.RemoveAll(filepath.Join(hostRoot, "proc/driver/nvidia/capabilities")); err != nil {
+		return fmt.Errorf("clearing simulated capabilities: %w", err)
+	}
+
+	for rel, content := range files {
+		p := filepath.Join(hostRoot, rel)
+		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+			return fmt.Errorf("writing simulated /proc: %w", err)
+		}
+
+		if err := os.WriteFile(p, []byte(content), 0o444); err != nil {
+			return fmt.Errorf("writing simulated /proc: %w", err)
+		}
+	}
+
+	for _, mod := range []string{"nvidia", "nvidia_uvm", "nvidia_modeset"} {
+		if err := os.MkdirAll(filepath.Join(hostRoot, "sys/module", mod), 0o755); err != nil {
+			return fmt.Errorf("writing simulated /sys: %w", err)
+		}
+	}
+
+	return nil
+}
+
+func capability(minor int, mode os.FileMode) string {
+	return fmt.Sprintf("DeviceFileMinor: %d\nDeviceFileMode: %d\nDeviceFileModify: 1\n", minor, mode)
+}
+
+type instance struct{ gi, ci int }
+
+// migInstances lists the (GPU instance, compute instance) pairs of a GPU in MIG mode.
+func migInstances(lib nvml.Interface, index int) ([]instance, error) {
+	d, ret := lib.DeviceGetHandleByIndex(index)
+	if ret != nvml.SUCCESS {
+		return nil, fmt.Errorf("GPU %d: %w", index, ret)
+	}
+
+	if current, _, ret := d.GetMigMode(); ret != nvml.SUCCESS || current != nvml.DEVICE_MIG_ENABLE {
+		return nil, nil
+	}
+
+	n, ret := d.GetMaxMigDeviceCount()
+	if ret != nvml.SUCCESS {
+		return nil, fmt.Errorf("GPU %d: counting MIG devices: %w", index, ret)
+	}
+
+	var out []instance
+
+	for i := range n {
+		mig, ret := d.GetMigDeviceHandleByIndex(i)
+		if ret == nvml.ERROR_NOT_FOUND || ret == nvml.ERROR_INVALID_ARGUMENT {
+			continue
+		}
+
+		if ret != nvml.SUCCESS {
+			return nil, fmt.Errorf("GPU %d: MIG device %d: %w", index, i, ret)
+		}
+
+		gi, ret := mig.GetGpuInstanceId()
+		if ret != nvml.SUCCESS {
+			return nil, fmt.Errorf("GPU %d: MIG device %d: GPU instance id: %w", index, i, ret)
+		}
+
+		ci, ret := mig.GetComputeInstanceId()
+		if ret != nvml.SUCCESS {
+			return nil, fmt.Errorf("GPU %d: MIG device %d: compute instance id: %w", index, i, ret)
+		}
+
+		out = append(out, instance{gi: gi, ci: ci})
+	}
+
+	return out, nil
+}

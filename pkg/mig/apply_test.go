@@ -1,0 +1,381 @@
+package mig_test
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"sort"
+	"strings"
+	"testing"
+
+	"github.com/NVIDIA/go-nvml/pkg/nvml"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/talos-nvidia/nvidia-driver/pkg/gpu/sim"
+	"github.com/talos-nvidia/nvidia-driver/pkg/mig"
+)
+
+// fakePersistenced holds every GPU open like nvidia-persistenced and lets go
+// of them while suspended.
+type fakePersistenced struct {
+	node     *sim.Node
+	gpus     int
+	suspends int
+}
+
+func (f *fakePersistenced) hold(n int) {
+	for i := 0; i < f.gpus; i++ {
+		f.node.SetClients(i, n)
+	}
+}
+
+func (f *fakePersistenced) Suspend(context.Context) (func(context.Context) error, error) {
+	f.suspends++
+	f.hold(0)
+
+	return func(context.Context) error { f.hold(1); return nil }, nil
+}
+
+type rig struct {
+	node    *sim.Node
+	pd      *fakePersistenced
+	applier *mig.Applier
+	changes [][]int
+}
+
+func newRig(t testing.TB, model string, gpus int) *rig {
+	node := sim.New(sim.Model(model), gpus)
+	require.Equal(t, nvml.SUCCESS, node.Init())
+
+	r := &rig{node: node, pd: &fakePersistenced{node: node, gpus: gpus}}
+	r.pd.hold(1)
+	r.applier = &mig.Applier{
+		NVML: node, Persistenced: r.pd, Resetter: node,
+		OnChange: func(_ context.Context, changed []int) error { r.changes = append(r.changes, changed); return nil },
+	}
+
+	return r
+}
+
+// state reads a GPU's state back through NVML.
+func (r *rig) state(t testing.TB, i int) (mig.State, int) {
+	dev, ret := r.node.DeviceGetHandleByIndex(i)
+	require.Equal(t, nvml.SUCCESS, ret)
+	g, err := mig.ReadGPU(dev)
+	require.NoError(t, err)
+	st, pending, err := mig.ReadState(dev, g)
+	require.NoError(t, err)
+
+	return st, pending
+}
+
+func loadDefault(t testing.TB) *mig.Config {
+	data, err := os.ReadFile("testdata/gpu-operator-default-mig-config.yaml")
+	require.NoError(t, err)
+	cfg, err := mig.Parse(data)
+	require.NoError(t, err)
+
+	return cfg
+}
+
+// TestGPUOperatorDefaultLayouts plans and applies every layout of NVIDIA's
+// default config that applies to each A100 and H100 model, then applies it
+// again as after a restart: no mutating call.
+func TestGPUOperatorDefaultLayouts(t *testing.T) {
+	cfg := loadDefault(t)
+	want := map[string][]string{
+		"a100-40gb": {"all-1g.10gb", "all-1g.5gb", "all-1g.5gb.me", "all-2g.10gb", "all-3g.20gb", "all-4g.20gb", "all-7g.40gb", "all-balanced", "all-disabled", "all-enabled"},
+		"a100-80gb": {"all-1g.10gb", "all-1g.10gb.me", "all-1g.20gb", "all-2g.20gb", "all-3g.40gb", "all-4g.40gb", "all-7g.80gb", "all-balanced", "all-disabled", "all-enabled"},
+		"h100-80gb": {"all-1g.10gb", "all-1g.10gb.me", "all-1g.20gb", "all-2g.20gb", "all-3g.40gb", "all-4g.40gb", "all-7g.80gb", "all-balanced", "all-disabled", "all-enabled"},
+	}
+
+	for model, layouts := range want {
+		t.Run(model, func(t *testing.T) {
+			var applicable []string
+
+			for _, name := range cfg.Names() {
+				probe := newRig(t, model, 1)
+				gpus, err := mig.ReadGPUs(probe.node)
+				require.NoError(t, err)
+
+				plan, err := mig.PlanLayout(cfg, name, gpus)
+				if err != nil {
+					require.True(t, strings.Contains(err.Error(), "has no profile") || strings.Contains(err.Error(), "selects no GPU"), "%s: %v", name, err)
+
+					continue
+				}
+
+				applicable = append(applicable, name)
+
+				r := newRig(t, model, 2)
+				statuses, err := r.applier.Apply(context.Background(), cfg, name)
+				require.NoError(t, err)
+				for _, st := range statuses {
+					require.Equal(t, mig.ResultSuccess, st.Result, "%s: %s", name, st.Message)
+				}
+
+				for i := 0; i < 2; i++ {
+					st, pending := r.state(t, i)
+					assert.Equal(t, plan.GPUs[0].Target.String(), st.String(), name)
+					assert.Equal(t, st.MigEnabled, pending == nvml.DEVICE_MIG_ENABLE, name)
+				}
+
+				r.node.ResetCounters()
+				statuses, err = r.applier.Apply(context.Background(), cfg, name)
+				require.NoError(t, err)
+				assert.Equal(t, 0, r.node.MutatingCalls(), "%s: restart must not touch the GPU", name)
+				assert.Contains(t, statuses[0].Message, "already in layout")
+			}
+
+			sort.Strings(applicable)
+			assert.Equal(t, layouts, applicable)
+		})
+	}
+}
+
+const custom = `version: v1
+mig-configs:
+  asymmetric:
+    - devices: all
+      mig-enabled: true
+      mig-devices: {"3g.40gb": 1, "4g.40gb": 1}
+  compute:
+    - devices: [0]
+      mig-enabled: true
+      mig-devices: {"1c.3g.40gb": 3, "1g.10gb+me": 1, "2g.20gb": 1}
+    - devices: [1]
+      mig-enabled: false
+  filtered:
+    - device-filter: "0x233510DE"
+      devices: all
+      mig-enabled: true
+      mig-devices: {"7g.141gb": 1}
+    - device-filter: ["0x233010DE"]
+      devices: all
+      mig-enabled: true
+      mig-devices: {"2c.7g.80gb": 2, "3c.7g.80gb": 1}
+  too-much:
+    - devices: all
+      mig-enabled: true
+      mig-devices: {"4g.40gb": 1, "3g.40gb": 1, "1g.10gb": 1}
+`
+
+func TestCustomLayoutsOnH100(t *testing.T) {
+	cfg, err := mig.Parse([]byte(custom))
+	require.NoError(t, err)
+	cfg = cfg.WithBuiltins()
+
+	for _, tc := range []struct {
+		layout string
+		want   []string
+	}{
+		{"asymmetric", []string{"MIG on: 4g.40gb@0[4g.40gb] 3g.40gb@4[3g.40gb]", "MIG on: 4g.40gb@0[4g.40gb] 3g.40gb@4[3g.40gb]"}},
+		{"compute", []string{"MIG on: 3g.40gb@0[1c.3g.40gb,1c.3g.40gb,1c.3g.40gb] 2g.20gb@4[2g.20gb] 1g.10gb+me@6[1g.10gb+me]", "MIG off"}},
+		{"filtered", []string{"MIG on: 7g.80gb@0[2c.7g.80gb,2c.7g.80gb,3c.7g.80gb]", "MIG on: 7g.80gb@0[2c.7g.80gb,2c.7g.80gb,3c.7g.80gb]"}},
+		{"all-1g", []string{"MIG on: 1g.10gb@0[1g.10gb] 1g.10gb@1[1g.10gb] 1g.10gb@2[1g.10gb] 1g.10gb@3[1g.10gb] 1g.10gb@4[1g.10gb] 1g.10gb@5[1g.10gb] 1g.10gb@6[1g.10gb]", ""}},
+		{"all-max", []string{"MIG on: 7g.80gb@0[7g.80gb]", ""}},
+		{"all-enabled", []string{"MIG on, no instances", ""}},
+	} {
+		t.Run(tc.layout, func(t *testing.T) {
+			r := newRig(t, "h100-80gb", 2)
+			// Start from something else so that every layout changes the GPU.
+			_, err := r.applier.Apply(context.Background(), cfg, "all-balanced")
+			require.NoError(t, err)
+
+			statuses, err := r.applier.Apply(context.Background(), cfg, tc.layout)
+			require.NoError(t, err)
+			for i, st := range statuses {
+				require.Equal(t, mig.ResultSuccess, st.Result, st.Message)
+				got, _ := r.state(t, i)
+				if tc.want[i] != "" {
+					assert.Equal(t, tc.want[i], got.String())
+				}
+			}
+		})
+	}
+
+	r := newRig(t, "h100-80gb", 1)
+	_, err = r.applier.Apply(context.Background(), cfg, "too-much")
+	require.EqualError(t, err, `layout "too-much" does not fit: layout "too-much", entry 0: GPU 0 (NVIDIA H100 80GB HBM3): needs 8 compute slices, the GPU has 7`)
+	assert.Equal(t, 0, r.node.MutatingCalls())
+
+	_, err = r.applier.Apply(context.Background(), cfg, "nope")
+	require.ErrorContains(t, err, `no layout "nope" (layouts: all-1g, all-balanced,`)
+}
+
+func TestUnknownProfileNamesWhatTheGPUHas(t *testing.T) {
+	cfg, err := mig.Parse([]byte(custom))
+	require.NoError(t, err)
+
+	r := newRig(t, "h200", 1)
+	_, err = r.applier.Apply(context.Background(), cfg, "asymmetric")
+	require.EqualError(t, err, `layout "asymmetric" does not fit: layout "asymmetric", entry 0: `+
+		`mig-devices["3g.40gb"]: GPU 0 (NVIDIA H200) has no profile "3g.40gb"; it has 1g.18gb, 1g.18gb+me, 1g.35gb, 2g.35gb, 3g.71gb, 4g.71gb, 7g.141gb; `+
+		`mig-devices["4g.40gb"]: GPU 0 (NVIDIA H200) has no profile "4g.40gb"; it has 1g.18gb, 1g.18gb+me, 1g.35gb, 2g.35gb, 3g.71gb, 4g.71gb, 7g.141gb`)
+}
+
+// TestSolverNeverFragments: for every multiset of profiles that fits, found
+// by brute force on the simulator, the planner finds a placement.
+func TestSolverFindsEveryFittingCombination(t *testing.T) {
+	for _, model := range sim.Models() {
+		r := newRig(t, model, 1)
+		gpus, err := mig.ReadGPUs(r.node)
+		require.NoError(t, err)
+
+		profiles := gpus[0].Profiles
+		counts := make([]int, len(profiles))
+		checked := 0
+
+		var rec func(i int)
+		rec = func(i int) {
+			if i == len(profiles) {
+				devices := map[string]int{}
+				for j, c := range counts {
+					if c > 0 {
+						devices[profiles[j].Name] = c
+					}
+				}
+
+				cfg := &mig.Config{Layouts: map[string][]mig.Entry{"x": {{Layout: "x", AllDevices: true, MigEnabled: true, MigDevices: devices}}}}
+				_, perr := mig.PlanLayout(cfg, "x", gpus)
+				fits := fitsByBruteForce(profiles, counts)
+				assert.Equal(t, fits, perr == nil, "%s %v: %v", model, devices, perr)
+				checked++
+
+				return
+			}
+
+			for c := 0; c <= int(profiles[i].Info.InstanceCount); c++ {
+				counts[i] = c
+				rec(i + 1)
+			}
+			counts[i] = 0
+		}
+		rec(0)
+		require.Greater(t, checked, 100)
+	}
+}
+
+// fitsByBruteForce tries every assignment of placements, independently of the planner.
+func fitsByBruteForce(profiles []mig.GIProfileInfo, counts []int) bool {
+	var items []mig.GIProfileInfo
+	compute := uint32(0)
+	for j, c := range counts {
+		for k := 0; k < c; k++ {
+			items = append(items, profiles[j])
+			compute += profiles[j].Info.SliceCount
+		}
+	}
+
+	if compute > 7 {
+		return false
+	}
+
+	var rec func(i int, used uint32) bool
+	rec = func(i int, used uint32) bool {
+		if i == len(items) {
+			return true
+		}
+		for _, pl := range items[i].Placements {
+			m := uint32((1<<pl.Size)-1) << pl.Start
+			if used&m == 0 && rec(i+1, used|m) {
+				return true
+			}
+		}
+		return false
+	}
+
+	return rec(0, 0)
+}
+
+func TestPendingRebootWhenProcessesUseTheGPU(t *testing.T) {
+	for _, model := range []string{"a100-80gb", "h100-80gb"} {
+		t.Run(model, func(t *testing.T) {
+			r := newRig(t, model, 2)
+			r.node.SetProcesses(1, nvml.ProcessInfo{Pid: 4242})
+
+			statuses, err := r.applier.Apply(context.Background(), mig.Builtin(), mig.LayoutAllBalanced)
+			require.NoError(t, err)
+			assert.Equal(t, mig.ResultSuccess, statuses[0].Result, statuses[0].Message)
+			assert.Equal(t, mig.ResultPendingReboot, statuses[1].Result)
+			assert.Contains(t, statuses[1].Message, "in use by process 4242")
+			assert.Equal(t, 0, r.node.Calls(sim.MSetMigMode)-1, "only GPU 0 changed mode")
+
+			st, _ := r.state(t, 1)
+			assert.False(t, st.MigEnabled)
+			assert.Equal(t, [][]int{{0}}, r.changes)
+		})
+	}
+}
+
+func TestAmpereResetsOnlyWithPersistencedSuspended(t *testing.T) {
+	r := newRig(t, "a100-40gb", 1)
+	statuses, err := r.applier.Apply(context.Background(), mig.Builtin(), mig.LayoutAllMax)
+	require.NoError(t, err)
+	require.Equal(t, mig.ResultSuccess, statuses[0].Result, statuses[0].Message)
+	assert.Equal(t, 1, r.node.Calls(sim.MResetGPU))
+	assert.Equal(t, 1, r.node.Clients(0), "persistenced resumed")
+
+	// Without suspension, persistenced holds the GPU: a Hopper mode change is refused.
+	h := newRig(t, "h100-80gb", 1)
+	h.applier.Persistenced = nil
+	statuses, err = h.applier.Apply(context.Background(), mig.Builtin(), mig.LayoutAllMax)
+	require.NoError(t, err)
+	assert.Equal(t, mig.ResultFailed, statuses[0].Result)
+	assert.Contains(t, statuses[0].Message, "ERROR_IN_USE: held by another client")
+}
+
+// TestFaultMatrix fails each mutating call once, at each point it is made,
+// and checks that the GPU ends in its previous layout.
+func TestFaultMatrix(t *testing.T) {
+	cfg, err := mig.Parse([]byte(custom))
+	require.NoError(t, err)
+	cfg = cfg.WithBuiltins()
+
+	for _, tc := range []struct{ model, from, to string }{
+		{"a100-80gb", "all-disabled", "all-balanced"},
+		{"a100-80gb", "all-balanced", "all-disabled"},
+		{"h100-80gb", "all-disabled", "compute"},
+		{"h100-80gb", "asymmetric", "compute"},
+		{"h100-80gb", "all-balanced", "filtered"},
+	} {
+		// A clean run counts the calls each method gets.
+		clean := newRig(t, tc.model, 1)
+		_, err := clean.applier.Apply(context.Background(), cfg, tc.from)
+		require.NoError(t, err)
+		prev, _ := clean.state(t, 0)
+		clean.node.ResetCounters()
+		_, err = clean.applier.Apply(context.Background(), cfg, tc.to)
+		require.NoError(t, err)
+
+		cases := 0
+		for _, method := range sim.MutatingMethods {
+			for nth := 1; nth <= clean.node.Calls(method); nth++ {
+				cases++
+				t.Run(fmt.Sprintf("%s/%s-to-%s/%s#%d", tc.model, tc.from, tc.to, method, nth), func(t *testing.T) {
+					r := newRig(t, tc.model, 1)
+					_, err := r.applier.Apply(context.Background(), cfg, tc.from)
+					require.NoError(t, err)
+
+					r.node.InjectFault(sim.Fault{Method: method, GPU: 0, Nth: nth, Ret: nvml.ERROR_UNKNOWN})
+					statuses, err := r.applier.Apply(context.Background(), cfg, tc.to)
+					require.NoError(t, err)
+					assert.Equal(t, mig.ResultFailed, statuses[0].Result)
+					assert.Contains(t, statuses[0].Message, "rolled back to the previous layout", statuses[0].Message)
+
+					st, pending := r.state(t, 0)
+					assert.Equal(t, prev.String(), st.String())
+					assert.Equal(t, st.MigEnabled, pending == nvml.DEVICE_MIG_ENABLE, "no mode left pending")
+					assert.Equal(t, 1, r.node.Clients(0), "persistenced resumed")
+
+					// The next start converges.
+					statuses, err = r.applier.Apply(context.Background(), cfg, tc.to)
+					require.NoError(t, err)
+					assert.Equal(t, mig.ResultSuccess, statuses[0].Result, statuses[0].Message)
+				})
+			}
+		}
+		require.Greater(t, cases, 0)
+	}
+}

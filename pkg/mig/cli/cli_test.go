@@ -1,0 +1,95 @@
+package cli_test
+
+import (
+	"bytes"
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/talos-nvidia/nvidia-driver/pkg/gpu/sim"
+	"github.com/talos-nvidia/nvidia-driver/pkg/mig"
+	"github.com/talos-nvidia/nvidia-driver/pkg/mig/cli"
+)
+
+const layouts = `version: v1
+mig-configs:
+  mixed:
+    - devices: all
+      mig-enabled: true
+      mig-devices: {"1c.3g.40gb": 3, "4g.40gb": 1}
+`
+
+func TestPlanJSONGolden(t *testing.T) {
+	dir := t.TempDir()
+	file := filepath.Join(dir, "mig.yaml")
+	require.NoError(t, os.WriteFile(file, []byte(layouts), 0o600))
+
+	var out, errOut bytes.Buffer
+	code := cli.RunPlanCLI([]string{"--gpu", "h100-80gb", "--gpus", "2", "--config", file, "--select", "mixed", "-o", "json"}, &out, &errOut)
+	require.Equal(t, 0, code, errOut.String())
+
+	golden, err := os.ReadFile("testdata/h100-mixed.json")
+	require.NoError(t, err)
+	assert.Equal(t, string(golden), out.String())
+}
+
+func TestPlanFailures(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		code int
+		want string
+	}{
+		{[]string{"--gpu", "a100-40gb", "--select", "all-balanced"}, 0, "layout \"all-balanced\" fits on 1 × a100-40gb (NVIDIA A100-SXM4-40GB):\n  GPU 0: MIG on: 2g.10gb@0[2g.10gb] 1g.5gb@2[1g.5gb] 1g.5gb@3[1g.5gb] 3g.20gb@4[3g.20gb]\n"},
+		{[]string{"--gpu", "t4", "--select", "all-max"}, 2, "mig plan: unknown GPU model \"t4\" (known: [a100-40gb a100-80gb h100-80gb h200])\n"},
+		{[]string{"--gpu", "h200"}, 2, "mig plan: --select is required\n"},
+		{[]string{"--gpu", "h200", "--select", "mixed"}, 1, "mig plan: no layout \"mixed\" (layouts: all-1g, all-balanced, all-disabled, all-enabled, all-max)\n"},
+	} {
+		var out, errOut bytes.Buffer
+		code := cli.RunPlanCLI(tc.args, &out, &errOut)
+		assert.Equal(t, tc.code, code, tc.args)
+
+		got := out.String()
+		if code != 0 {
+			got = firstLine(errOut.String())
+		}
+
+		assert.Equal(t, tc.want, got)
+	}
+}
+
+func firstLine(s string) string {
+	i := bytes.IndexByte([]byte(s), '\n')
+	if i < 0 {
+		return s
+	}
+
+	return s[:i+1]
+}
+
+// BenchmarkPlanBuiltins plans every built-in layout for 8 simulated GPUs of each model.
+func BenchmarkPlanBuiltins(b *testing.B) {
+	cfg := mig.Builtin()
+
+	for _, model := range sim.Models() {
+		b.Run(model, func(b *testing.B) {
+			node := sim.New(sim.Model(model), 8)
+			node.Init()
+
+			gpus, err := mig.ReadGPUs(node)
+			require.NoError(b, err)
+
+			b.ResetTimer()
+
+			for i := 0; i < b.N; i++ {
+				for _, layout := range mig.BuiltinLayouts() {
+					if _, err := mig.PlanLayout(cfg, layout, gpus); err != nil {
+						b.Fatal(err)
+					}
+				}
+			}
+		})
+	}
+}

@@ -1,0 +1,374 @@
+// Package mig reads MIG layouts (NVIDIA mig-parted's v1 format plus built-in
+// generic layouts), plans them per GPU with explicit placements, and applies
+// a plan idempotently with rollback.
+package mig
+
+import (
+	"errors"
+	"fmt"
+	"sort"
+	"strconv"
+	"strings"
+
+	"go.yaml.in/yaml/v3"
+)
+
+// Config is a parsed layout file: named layouts, each a list of entries.
+type Config struct {
+	Layouts map[string][]Entry
+}
+
+// Entry is one item of a layout: which GPUs it selects and what they get.
+type Entry struct {
+	Layout string
+	Index  int // position in the layout, for messages
+
+	AllDevices bool
+	Devices    []int    // GPU indices when not AllDevices
+	Filter     []uint32 // PCI device ids (device<<16 | vendor); empty matches any
+
+	MigEnabled bool
+	// MigDevices maps a profile name (as written) to its count.
+	MigDevices map[string]int
+	// Generic is set for built-in layouts that are computed from each GPU's
+	// own profiles (all-1g, all-balanced, all-max).
+	Generic string
+}
+
+func (e Entry) where() string { return fmt.Sprintf("layout %q, entry %d", e.Layout, e.Index) }
+
+// Names returns the layout names, sorted.
+func (c *Config) Names() []string {
+	names := make([]string, 0, len(c.Layouts))
+	for n := range c.Layouts {
+		names = append(names, n)
+	}
+
+	sort.Strings(names)
+
+	return names
+}
+
+// Select returns the entries of one layout.
+func (c *Config) Select(name string) ([]Entry, error) {
+	entries, ok := c.Layouts[name]
+	if !ok {
+		return nil, fmt.Errorf("no layout %q (layouts: %s)", name, strings.Join(c.Names(), ", "))
+	}
+
+	return entries, nil
+}
+
+// ValidationError holds every problem found in a file.
+type ValidationError struct {
+	Problems []string
+}
+
+func (v *ValidationError) Error() string {
+	if len(v.Problems) == 1 {
+		return "invalid MIG config: " + v.Problems[0]
+	}
+
+	return fmt.Sprintf("invalid MIG config (%d problems):\n  - %s", len(v.Problems), strings.Join(v.Problems, "\n  - "))
+}
+
+type parser struct{ problems []string }
+
+func (p *parser) addf(format string, args ...any) {
+	p.problems = append(p.problems, fmt.Sprintf(format, args...))
+}
+
+func line(n *yaml.Node) string { return fmt.Sprintf("line %d", n.Line) }
+
+// Parse reads a mig-parted v1 file strictly: unknown keys, wrong types,
+// malformed profiles and bad counts are all reported at once, each with the
+// layout, entry and key it concerns.
+func Parse(data []byte) (*Config, error) {
+	var doc yaml.Node
+	if err := yaml.Unmarshal(data, &doc); err != nil {
+		return nil, &ValidationError{Problems: []string{fmt.Sprintf("not YAML: %v", err)}}
+	}
+
+	p := &parser{}
+	cfg := &Config{Layouts: map[string][]Entry{}}
+
+	if doc.Kind != yaml.DocumentNode || len(doc.Content) == 0 {
+		return nil, &ValidationError{Problems: []string{"empty document"}}
+	}
+
+	root := doc.Content[0]
+	if root.Kind != yaml.MappingNode {
+		return nil, &ValidationError{Problems: []string{fmt.Sprintf("%s: top level must be a map with version and mig-configs", line(root))}}
+	}
+
+	var version, configs *yaml.Node
+
+	for i := 0; i+1 < len(root.Content); i += 2 {
+		k, v := root.Content[i], root.Content[i+1]
+		switch k.Value {
+		case "version":
+			version = v
+		case "mig-configs":
+			configs = v
+		default:
+			p.addf("%s: unknown top-level key %q (want version, mig-configs)", line(k), k.Value)
+		}
+	}
+
+	switch {
+	case version == nil:
+		p.addf("version: required (want \"v1\")")
+	case version.Kind != yaml.ScalarNode || version.Value != "v1":
+		p.addf("%s: version: unsupported %q (want \"v1\")", line(version), version.Value)
+	}
+
+	switch {
+	case configs == nil:
+		p.addf("mig-configs: required")
+	case configs.Kind != yaml.MappingNode:
+		p.addf("%s: mig-configs: must be a map of layout name to entries", line(configs))
+	default:
+		for i := 0; i+1 < len(configs.Content); i += 2 {
+			k, v := configs.Content[i], configs.Content[i+1]
+
+			name := k.Value
+			if name == "" {
+				p.addf("%s: mig-configs: empty layout name", line(k))
+
+				continue
+			}
+
+			if _, dup := cfg.Layouts[name]; dup {
+				p.addf("%s: layout %q: defined twice", line(k), name)
+
+				continue
+			}
+
+			cfg.Layouts[name] = p.layout(name, v)
+		}
+	}
+
+	if len(p.problems) > 0 {
+		return nil, &ValidationError{Problems: p.problems}
+	}
+
+	return cfg, nil
+}
+
+func (p *parser) layout(name string, n *yaml.Node) []Entry {
+	if n.Kind != yaml.SequenceNode {
+		p.addf("%s: layout %q: must be a list of entries", line(n), name)
+
+		return nil
+	}
+
+	if len(n.Content) == 0 {
+		p.addf("%s: layout %q: has no entries", line(n), name)
+	}
+
+	entries := make([]Entry, 0, len(n.Content))
+
+	for i, en := range n.Content {
+		e := Entry{Layout: name, Index: i}
+		at := func(key string) string { return fmt.Sprintf("layout %q, entry %d, %s", name, i, key) }
+
+		if en.Kind != yaml.MappingNode {
+			p.addf("%s: %s: must be a map", line(en), e.where())
+
+			continue
+		}
+
+		var devices, enabled, migDevices *yaml.Node
+
+		for j := 0; j+1 < len(en.Content); j += 2 {
+			k, v := en.Content[j], en.Content[j+1]
+			switch k.Value {
+			case "devices":
+				devices = v
+			case "device-filter":
+				e.Filter = p.filter(at("device-filter"), v)
+			case "mig-enabled":
+				enabled = v
+			case "mig-devices":
+				migDevices = v
+			default:
+				p.addf("%s: %s: unknown key %q (want devices, device-filter, mig-enabled, mig-devices)", line(k), e.where(), k.Value)
+			}
+		}
+
+		if devices == nil {
+			p.addf("%s: %s: required", line(en), at("devices"))
+		} else {
+			e.AllDevices, e.Devices = p.devices(at("devices"), devices)
+		}
+
+		enabledValid := false
+
+		switch {
+		case enabled == nil:
+			p.addf("%s: %s: required", line(en), at("mig-enabled"))
+		case enabled.Kind != yaml.ScalarNode || enabled.ShortTag() != "!!bool":
+			p.addf("%s: %s: must be true or false, got %q", line(enabled), at("mig-enabled"), enabled.Value)
+		default:
+			enabledValid = true
+			e.MigEnabled = enabled.Value == "true" || enabled.Value == "True" || enabled.Value == "TRUE"
+		}
+
+		if migDevices != nil {
+			e.MigDevices = p.migDevices(at("mig-devices"), migDevices)
+			if enabledValid && !e.MigEnabled && len(e.MigDevices) > 0 {
+				p.addf("%s: %s: set while mig-enabled is false", line(migDevices), at("mig-devices"))
+			}
+		}
+
+		entries = append(entries, e)
+	}
+
+	return entries
+}
+
+func (p *parser) devices(at string, n *yaml.Node) (bool, []int) {
+	switch n.Kind {
+	case yaml.ScalarNode:
+		if n.Value == "all" {
+			return true, nil
+		}
+
+		p.addf("%s: %s: want \"all\" or a list of GPU indices, got %q", line(n), at, n.Value)
+
+		return false, nil
+	case yaml.SequenceNode:
+		if len(n.Content) == 0 {
+			p.addf("%s: %s: empty list", line(n), at)
+		}
+
+		seen := map[int]bool{}
+
+		var out []int
+
+		for i, c := range n.Content {
+			v, err := strconv.Atoi(c.Value)
+			if c.Kind != yaml.ScalarNode || c.ShortTag() != "!!int" || err != nil {
+				p.addf("%s: %s[%d]: want a GPU index, got %q", line(c), at, i, c.Value)
+
+				continue
+			}
+
+			if v < 0 {
+				p.addf("%s: %s[%d]: GPU index %d is negative", line(c), at, i, v)
+
+				continue
+			}
+
+			if seen[v] {
+				p.addf("%s: %s[%d]: GPU index %d listed twice", line(c), at, i, v)
+
+				continue
+			}
+
+			seen[v] = true
+			out = append(out, v)
+		}
+
+		return false, out
+	default:
+		p.addf("%s: %s: want \"all\" or a list of GPU indices", line(n), at)
+
+		return false, nil
+	}
+}
+
+// ParseDeviceID reads a PCI id as mig-parted writes it: 0x, device, vendor (0x233510DE).
+func ParseDeviceID(s string) (uint32, error) {
+	if !strings.HasPrefix(s, "0x") && !strings.HasPrefix(s, "0X") {
+		return 0, errors.New("want 0x followed by hex digits, such as 0x233510DE")
+	}
+
+	v, err := strconv.ParseUint(s[2:], 16, 32)
+	if err != nil || len(s) < 3 {
+		return 0, errors.New("want 0x followed by up to 8 hex digits, such as 0x233510DE")
+	}
+
+	return uint32(v), nil
+}
+
+func (p *parser) filter(at string, n *yaml.Node) []uint32 {
+	var items []*yaml.Node
+
+	switch n.Kind {
+	case yaml.ScalarNode:
+		items = []*yaml.Node{n}
+	case yaml.SequenceNode:
+		items = n.Content
+		if len(items) == 0 {
+			p.addf("%s: %s: empty list", line(n), at)
+		}
+	default:
+		p.addf("%s: %s: want a PCI device id or a list of them", line(n), at)
+
+		return nil
+	}
+
+	var out []uint32
+
+	for _, c := range items {
+		if c.Kind != yaml.ScalarNode {
+			p.addf("%s: %s: want a PCI device id such as \"0x233510DE\"", line(c), at)
+
+			continue
+		}
+
+		id, err := ParseDeviceID(c.Value)
+		if err != nil {
+			p.addf("%s: %s: %q: %v", line(c), at, c.Value, err)
+
+			continue
+		}
+
+		out = append(out, id)
+	}
+
+	return out
+}
+
+func (p *parser) migDevices(at string, n *yaml.Node) map[string]int {
+	if n.Kind != yaml.MappingNode {
+		p.addf("%s: %s: must be a map of profile name to count", line(n), at)
+
+		return nil
+	}
+
+	out := map[string]int{}
+
+	for i := 0; i+1 < len(n.Content); i += 2 {
+		k, v := n.Content[i], n.Content[i+1]
+		key := fmt.Sprintf("%s[%q]", at, k.Value)
+
+		if _, err := ParseProfile(k.Value); err != nil {
+			p.addf("%s: %s: %v", line(k), key, err)
+		}
+
+		if _, dup := out[k.Value]; dup {
+			p.addf("%s: %s: listed twice", line(k), key)
+
+			continue
+		}
+
+		count, err := strconv.Atoi(v.Value)
+		if v.Kind != yaml.ScalarNode || v.ShortTag() != "!!int" || err != nil {
+			p.addf("%s: %s: count must be an integer, got %q", line(v), key, v.Value)
+
+			continue
+		}
+
+		if count < 0 || count > 7 {
+			p.addf("%s: %s: count %d out of range 0..7", line(v), key, count)
+
+			continue
+		}
+
+		out[k.Value] = count
+	}
+
+	return out
+}

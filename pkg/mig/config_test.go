@@ -1,0 +1,125 @@
+package mig_test
+
+import (
+	"errors"
+	"os"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/talos-nvidia/nvidia-driver/pkg/mig"
+)
+
+var badConfigs = []struct {
+	name, yaml string
+	want       []string
+}{
+	{"not yaml", "version: [v1\n", []string{"not YAML: yaml: line 1: did not find expected ',' or ']'"}},
+	{"empty", "", []string{"empty document"}},
+	{"top level list", "- a\n", []string{"line 1: top level must be a map with version and mig-configs"}},
+	{"no version", "mig-configs:\n  a:\n    - devices: all\n      mig-enabled: false\n", []string{"version: required (want \"v1\")"}},
+	{"wrong version", "version: v2\nmig-configs:\n  a:\n    - devices: all\n      mig-enabled: false\n", []string{"line 1: version: unsupported \"v2\" (want \"v1\")"}},
+	{"unknown top key", "version: v1\nmig-configs:\n  a:\n    - devices: all\n      mig-enabled: false\nextra: 1\n", []string{"line 6: unknown top-level key \"extra\" (want version, mig-configs)"}},
+	{"no mig-configs", "version: v1\n", []string{"mig-configs: required"}},
+	{"mig-configs list", "version: v1\nmig-configs: [a]\n", []string{"line 2: mig-configs: must be a map of layout name to entries"}},
+	{"layout not list", "version: v1\nmig-configs:\n  a: {devices: all}\n", []string{"line 3: layout \"a\": must be a list of entries"}},
+	{"layout empty", "version: v1\nmig-configs:\n  a: []\n", []string{"line 3: layout \"a\": has no entries"}},
+	{"entry not map", "version: v1\nmig-configs:\n  a:\n    - all\n", []string{"line 4: layout \"a\", entry 0: must be a map"}},
+	{"unknown entry key", "version: v1\nmig-configs:\n  a:\n    - devices: all\n      mig-enable: true\n      mig-enabled: true\n", []string{"line 5: layout \"a\", entry 0: unknown key \"mig-enable\" (want devices, device-filter, mig-enabled, mig-devices)"}},
+	{"devices missing", "version: v1\nmig-configs:\n  a:\n    - mig-enabled: false\n", []string{"line 4: layout \"a\", entry 0, devices: required"}},
+	{"devices word", "version: v1\nmig-configs:\n  a:\n    - devices: some\n      mig-enabled: false\n", []string{"line 4: layout \"a\", entry 0, devices: want \"all\" or a list of GPU indices, got \"some\""}},
+	{"devices map", "version: v1\nmig-configs:\n  a:\n    - devices: {a: 1}\n      mig-enabled: false\n", []string{"line 4: layout \"a\", entry 0, devices: want \"all\" or a list of GPU indices"}},
+	{"devices empty list", "version: v1\nmig-configs:\n  a:\n    - devices: []\n      mig-enabled: false\n", []string{"line 4: layout \"a\", entry 0, devices: empty list"}},
+	{"devices not int", "version: v1\nmig-configs:\n  a:\n    - devices: [0, x]\n      mig-enabled: false\n", []string{"line 4: layout \"a\", entry 0, devices[1]: want a GPU index, got \"x\""}},
+	{"devices negative", "version: v1\nmig-configs:\n  a:\n    - devices: [-1]\n      mig-enabled: false\n", []string{"line 4: layout \"a\", entry 0, devices[0]: GPU index -1 is negative"}},
+	{"devices twice", "version: v1\nmig-configs:\n  a:\n    - devices: [1, 1]\n      mig-enabled: false\n", []string{"line 4: layout \"a\", entry 0, devices[1]: GPU index 1 listed twice"}},
+	{"mig-enabled missing", "version: v1\nmig-configs:\n  a:\n    - devices: all\n", []string{"line 4: layout \"a\", entry 0, mig-enabled: required"}},
+	{"mig-enabled string", "version: v1\nmig-configs:\n  a:\n    - devices: all\n      mig-enabled: \"true\"\n", []string{"line 5: layout \"a\", entry 0, mig-enabled: must be true or false, got \"true\""}},
+	{"mig-enabled yes", "version: v1\nmig-configs:\n  a:\n    - devices: all\n      mig-enabled: yes\n", []string{"line 5: layout \"a\", entry 0, mig-enabled: must be true or false, got \"yes\""}},
+	{"mig-devices while disabled", "version: v1\nmig-configs:\n  a:\n    - devices: all\n      mig-enabled: false\n      mig-devices: {\"1g.10gb\": 1}\n", []string{"line 6: layout \"a\", entry 0, mig-devices: set while mig-enabled is false"}},
+	{"mig-devices list", "version: v1\nmig-configs:\n  a:\n    - devices: all\n      mig-enabled: true\n      mig-devices: [1g.10gb]\n", []string{"line 6: layout \"a\", entry 0, mig-devices: must be a map of profile name to count"}},
+	{"bad profile", "version: v1\nmig-configs:\n  a:\n    - devices: all\n      mig-enabled: true\n      mig-devices: {\"1g10gb\": 1}\n", []string{"line 6: layout \"a\", entry 0, mig-devices[\"1g10gb\"]: invalid profile \"1g10gb\": want <g>g.<gb>gb or <c>c.<g>g.<gb>gb, optionally followed by +me, +me.all, +gfx or -me"}},
+	{"bad suffix", "version: v1\nmig-configs:\n  a:\n    - devices: all\n      mig-enabled: true\n      mig-devices: {\"1g.10gb+xx\": 1}\n", []string{"line 6: layout \"a\", entry 0, mig-devices[\"1g.10gb+xx\"]: invalid profile \"1g.10gb+xx\": want <g>g.<gb>gb or <c>c.<g>g.<gb>gb, optionally followed by +me, +me.all, +gfx or -me"}},
+	{"compute too big", "version: v1\nmig-configs:\n  a:\n    - devices: all\n      mig-enabled: true\n      mig-devices: {\"4c.3g.40gb\": 1}\n", []string{"line 6: layout \"a\", entry 0, mig-devices[\"4c.3g.40gb\"]: invalid profile \"4c.3g.40gb\": 4 compute slices (want 1 to 3)"}},
+	{"compute equal", "version: v1\nmig-configs:\n  a:\n    - devices: all\n      mig-enabled: true\n      mig-devices: {\"3c.3g.40gb\": 1}\n", []string{"line 6: layout \"a\", entry 0, mig-devices[\"3c.3g.40gb\"]: invalid profile \"3c.3g.40gb\": a compute instance of the whole GPU instance is written 3g.40gb"}},
+	{"zero slices", "version: v1\nmig-configs:\n  a:\n    - devices: all\n      mig-enabled: true\n      mig-devices: {\"0g.10gb\": 1}\n", []string{"line 6: layout \"a\", entry 0, mig-devices[\"0g.10gb\"]: invalid profile \"0g.10gb\": 0 GPU slices (want 1 to 8)"}},
+	{"nine slices", "version: v1\nmig-configs:\n  a:\n    - devices: all\n      mig-enabled: true\n      mig-devices: {\"9g.10gb\": 1}\n", []string{"line 6: layout \"a\", entry 0, mig-devices[\"9g.10gb\"]: invalid profile \"9g.10gb\": 9 GPU slices (want 1 to 8)"}},
+	{"zero memory", "version: v1\nmig-configs:\n  a:\n    - devices: all\n      mig-enabled: true\n      mig-devices: {\"1g.0gb\": 1}\n", []string{"line 6: layout \"a\", entry 0, mig-devices[\"1g.0gb\"]: invalid profile \"1g.0gb\": memory must be at least 1gb"}},
+	{"count string", "version: v1\nmig-configs:\n  a:\n    - devices: all\n      mig-enabled: true\n      mig-devices: {\"1g.10gb\": \"2\"}\n", []string{"line 6: layout \"a\", entry 0, mig-devices[\"1g.10gb\"]: count must be an integer, got \"2\""}},
+	{"count negative", "version: v1\nmig-configs:\n  a:\n    - devices: all\n      mig-enabled: true\n      mig-devices: {\"1g.10gb\": -1}\n", []string{"line 6: layout \"a\", entry 0, mig-devices[\"1g.10gb\"]: count -1 out of range 0..7"}},
+	{"count too big", "version: v1\nmig-configs:\n  a:\n    - devices: all\n      mig-enabled: true\n      mig-devices: {\"1g.10gb\": 8}\n", []string{"line 6: layout \"a\", entry 0, mig-devices[\"1g.10gb\"]: count 8 out of range 0..7"}},
+	{"count float", "version: v1\nmig-configs:\n  a:\n    - devices: all\n      mig-enabled: true\n      mig-devices: {\"1g.10gb\": 1.5}\n", []string{"line 6: layout \"a\", entry 0, mig-devices[\"1g.10gb\"]: count must be an integer, got \"1.5\""}},
+	{"profile twice", "version: v1\nmig-configs:\n  a:\n    - devices: all\n      mig-enabled: true\n      mig-devices: {\"1g.10gb\": 1, \"1g.10gb\": 2}\n", []string{"line 6: layout \"a\", entry 0, mig-devices[\"1g.10gb\"]: listed twice"}},
+	{"filter no 0x", "version: v1\nmig-configs:\n  a:\n    - devices: all\n      device-filter: 233510DE\n      mig-enabled: false\n", []string{"line 5: layout \"a\", entry 0, device-filter: \"233510DE\": want 0x followed by hex digits, such as 0x233510DE"}},
+	{"filter not hex", "version: v1\nmig-configs:\n  a:\n    - devices: all\n      device-filter: [\"0xZZ\"]\n      mig-enabled: false\n", []string{"line 5: layout \"a\", entry 0, device-filter: \"0xZZ\": want 0x followed by up to 8 hex digits, such as 0x233510DE"}},
+	{"filter too long", "version: v1\nmig-configs:\n  a:\n    - devices: all\n      device-filter: [\"0x1233510DE\"]\n      mig-enabled: false\n", []string{"line 5: layout \"a\", entry 0, device-filter: \"0x1233510DE\": want 0x followed by up to 8 hex digits, such as 0x233510DE"}},
+	{"filter map", "version: v1\nmig-configs:\n  a:\n    - devices: all\n      device-filter: {a: b}\n      mig-enabled: false\n", []string{"line 5: layout \"a\", entry 0, device-filter: want a PCI device id or a list of them"}},
+	{"filter empty", "version: v1\nmig-configs:\n  a:\n    - devices: all\n      device-filter: []\n      mig-enabled: false\n", []string{"line 5: layout \"a\", entry 0, device-filter: empty list"}},
+	{"layout twice", "version: v1\nmig-configs:\n  a:\n    - devices: all\n      mig-enabled: false\n  a:\n    - devices: all\n      mig-enabled: false\n", []string{"line 6: layout \"a\": defined twice"}},
+	{"many problems at once", "version: v1\nmig-configs:\n  good:\n    - devices: all\n      mig-enabled: false\n  bad:\n    - devices: [0]\n      mig-enabled: true\n      mig-devices: {\"1g.10gb\": 1}\n    - devices: nope\n      mig-enabled: maybe\n      mig-devices: {\"2g\": 1, \"3g.40gb\": 9}\n", []string{"line 10: layout \"bad\", entry 1, devices: want \"all\" or a list of GPU indices, got \"nope\"", "line 11: layout \"bad\", entry 1, mig-enabled: must be true or false, got \"maybe\"", "line 12: layout \"bad\", entry 1, mig-devices[\"2g\"]: invalid profile \"2g\": want <g>g.<gb>gb or <c>c.<g>g.<gb>gb, optionally followed by +me, +me.all, +gfx or -me", "line 12: layout \"bad\", entry 1, mig-devices[\"3g.40gb\"]: count 9 out of range 0..7"}},
+}
+
+func TestParseRejectsBadConfigs(t *testing.T) {
+	require.GreaterOrEqual(t, len(badConfigs), 30)
+
+	for _, tc := range badConfigs {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg, err := mig.Parse([]byte(tc.yaml))
+			require.Error(t, err)
+			assert.Nil(t, cfg)
+
+			var verr *mig.ValidationError
+			require.True(t, errors.As(err, &verr))
+			assert.Equal(t, tc.want, verr.Problems)
+		})
+	}
+}
+
+func TestParseAcceptsGPUOperatorDefault(t *testing.T) {
+	data, err := os.ReadFile("testdata/gpu-operator-default-mig-config.yaml")
+	require.NoError(t, err)
+
+	cfg, err := mig.Parse(data)
+	require.NoError(t, err)
+	assert.Len(t, cfg.Layouts, 68)
+	assert.Len(t, cfg.Layouts["all-balanced"], 10)
+	assert.Equal(t, []uint32{0x20B710DE}, cfg.Layouts["all-balanced"][8].Filter)
+}
+
+func FuzzParse(f *testing.F) {
+	data, err := os.ReadFile("testdata/gpu-operator-default-mig-config.yaml")
+	require.NoError(f, err)
+	f.Add(data)
+
+	for _, tc := range badConfigs {
+		f.Add([]byte(tc.yaml))
+	}
+
+	f.Fuzz(func(t *testing.T, in []byte) {
+		cfg, err := mig.Parse(in)
+		if err != nil {
+			var verr *mig.ValidationError
+			if !errors.As(err, &verr) || len(verr.Problems) == 0 {
+				t.Fatalf("error without problems: %v", err)
+			}
+
+			if cfg != nil {
+				t.Fatal("config returned with an error")
+			}
+
+			return
+		}
+
+		// A valid file only holds well-formed profiles and counts.
+		for name, entries := range cfg.Layouts {
+			for _, e := range entries {
+				for p, n := range e.MigDevices {
+					if _, perr := mig.ParseProfile(p); perr != nil || n < 0 || n > 7 {
+						t.Fatalf("layout %q accepted bad %q: %d", name, p, n)
+					}
+				}
+			}
+		}
+	})
+}

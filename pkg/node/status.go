@@ -1,0 +1,69 @@
+package node
+
+import (
+	"encoding/json"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/talos-nvidia/nvidia-driver/pkg/atomicfile"
+	"github.com/talos-nvidia/nvidia-driver/pkg/gpu"
+	"github.com/talos-nvidia/nvidia-driver/pkg/mig"
+)
+
+// Phases of the node, in the order a healthy bring-up passes them.
+const (
+	PhaseStarting = "starting"
+	PhaseWaiting  = "waiting" // for something outside the service: the kernel driver, a GPU
+	PhaseFailed   = "failed"  // needs a person: the message says what
+	PhaseReady    = "ready"
+	PhaseStopped  = "stopped"
+)
+
+// Status is what the service reports, in its log and as JSON in the status file.
+type Status struct {
+	Phase         string       `json:"phase"`
+	Message       string       `json:"message"`
+	Updated       time.Time    `json:"updated"`
+	Subroot       string       `json:"subroot"`
+	DriverVersion string       `json:"driverVersion,omitempty"`
+	DriverRoot    string       `json:"driverRoot,omitempty"` // the mount, once made
+	GPUs          []gpu.GPU    `json:"gpus,omitempty"`
+	DeviceNodes   int          `json:"deviceNodes,omitempty"`
+	MIG           []mig.Status `json:"mig,omitempty"`
+	Persistenced  string       `json:"persistenced,omitempty"`
+	CDISpec       string       `json:"cdiSpec,omitempty"`
+}
+
+// statusFile keeps the latest status and writes it whole on every change.
+type statusFile struct {
+	mu   sync.Mutex
+	path string
+	cur  Status
+}
+
+func (s *statusFile) update(f func(*Status)) (Status, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+
+	f(&s.cur)
+	s.cur.Updated = time.Now().UTC()
+
+	data, err := json.MarshalIndent(s.cur, "", "  ")
+	if err != nil {
+		return s.cur, fmt.Errorf("encoding status: %w", err)
+	}
+
+	if _, err := atomicfile.Write(s.path, append(data, '\n'), 0o644); err != nil {
+		return s.cur, fmt.Errorf("writing status: %w", err)
+	}
+
+	return s.cur, nil
+}
+
+func (s *statusFile) get() Status {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+
+	return s.cur
+}

@@ -1,0 +1,153 @@
+// Command nvidia-driver is the Talos extension service that prepares a GPU node: it mounts
+// the NVIDIA driver root, creates device nodes, supervises nvidia-persistenced, applies the
+// MIG layout and writes the CDI spec. Its offline commands (check-root, mig plan) run on a
+// workstation too.
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"github.com/talos-nvidia/nvidia-driver/pkg/config"
+	"github.com/talos-nvidia/nvidia-driver/pkg/driverroot"
+	migcli "github.com/talos-nvidia/nvidia-driver/pkg/mig/cli"
+)
+
+// version is set by the build (-X main.version=...).
+var version = "dev"
+
+const usage = `nvidia-driver: prepares a Talos node's NVIDIA GPUs.
+
+Usage:
+  nvidia-driver [run]            bring the node up and hold it (the extension service)
+  nvidia-driver check-root [DIR] check a glibc subroot (default: the configured one)
+  nvidia-driver cdi generate [--output FILE] [flags]
+                                 generate the node's CDI spec (--help for the flags)
+  nvidia-driver mig plan --gpu MODEL [--gpus N] [--config FILE] --select NAME [-o json]
+                                 plan a MIG layout offline on simulated GPUs
+  nvidia-driver version          print the version
+  nvidia-driver help             this text
+
+Configuration (environment, or the same keys in %s with "version: %s"):
+%s`
+
+func main() {
+	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
+}
+
+func run(args []string, stdout, stderr io.Writer) int {
+	cmd := "run"
+	if len(args) > 0 {
+		cmd, args = args[0], args[1:]
+	}
+
+	switch cmd {
+	case "run":
+		return runService(stderr)
+	case "check-root":
+		return checkRoot(args, stdout, stderr)
+	case "cdi":
+		if len(args) == 0 || args[0] != "generate" {
+			fmt.Fprintln(stderr, "usage: nvidia-driver cdi generate [--output FILE] [flags]")
+
+			return 2
+		}
+
+		return cdiGenerate(args[1:], stdout, stderr)
+	case "mig":
+		if len(args) == 0 || args[0] != "plan" {
+			fmt.Fprintln(stderr, "usage: nvidia-driver mig plan --gpu MODEL [--gpus N] [--config FILE] --select NAME [-o json]")
+
+			return 2
+		}
+
+		return migcli.RunPlanCLI(args[1:], stdout, stderr)
+	case "version", "--version":
+		fmt.Fprintln(stdout, version)
+
+		return 0
+	case "help", "-h", "--help":
+		fmt.Fprintf(stdout, usage, config.DefaultConfigFile, config.Version, config.Describe())
+
+		return 0
+	default:
+		fmt.Fprintf(stderr, "nvidia-driver: unknown command %q\n\n", cmd)
+		fmt.Fprintf(stderr, usage, config.DefaultConfigFile, config.Version, config.Describe())
+
+		return 2
+	}
+}
+
+func checkRoot(args []string, stdout, stderr io.Writer) int {
+	var dir string
+
+	switch len(args) {
+	case 0:
+		cfg, err := config.Load(os.Environ())
+		if err != nil {
+			fmt.Fprintln(stderr, err)
+
+			return 2
+		}
+
+		dir = cfg.Subroot
+	case 1:
+		dir = args[0]
+	default:
+		fmt.Fprintln(stderr, "usage: nvidia-driver check-root [DIR]")
+
+		return 2
+	}
+
+	report := driverroot.Check(dir)
+	if err := report.WriteText(stdout); err != nil {
+		fmt.Fprintln(stderr, err)
+
+		return 1
+	}
+
+	if !report.OK() {
+		return 1
+	}
+
+	return 0
+}
+
+func runService(stderr io.Writer) int {
+	// First of all: a SIGTERM from here on stops the service cleanly.
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	defer stop()
+
+	cfg, err := config.Load(os.Environ())
+	if err != nil {
+		// Nothing has been touched. Exit non-zero so that `talosctl service` shows the
+		// failure; the configuration can only change with a new ExtensionServiceConfig,
+		// which restarts the service anyway.
+		fmt.Fprintln(stderr, err)
+
+		return 2
+	}
+
+	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: cfg.LogLevel}))
+	log.Info("starting", "version", version, "subroot", cfg.Subroot, "hostRoot", cfg.HostRoot, "simulate", cfg.Simulate)
+
+	if err := serve(ctx, log, cfg); err != nil {
+		if errors.Is(err, context.Canceled) {
+			return 0
+		}
+
+		log.Error("stopped with an error", "error", err)
+
+		return 1
+	}
+
+	log.Info("stopped")
+
+	return 0
+}

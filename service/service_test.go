@@ -1,0 +1,380 @@
+package main_test
+
+import (
+	"encoding/json"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/moby/sys/mountinfo"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"golang.org/x/sys/unix"
+
+	"github.com/talos-nvidia/nvidia-driver/internal/testutil"
+)
+
+// These tests run the built service binary as Talos would run it, and look at the node from
+// outside. Each runs in a private mount namespace (the "node role" of this test binary) whose
+// throwaway host root is a shared tmpfs; nothing on the machine changes.
+const (
+	envRole     = "SERVICE_TEST_ROLE"
+	envScenario = "SERVICE_TEST_SCENARIO"
+)
+
+func TestMain(m *testing.M) {
+	if os.Getenv(envRole) == "node" {
+		os.Exit(nodeRole())
+	}
+
+	os.Exit(m.Run())
+}
+
+// outcome is what the node role saw.
+type outcome struct {
+	Phase       string         `json:"phase"`
+	Message     string         `json:"message"`
+	Status      map[string]any `json:"status"`
+	Ready       bool           `json:"ready"`
+	ReadyWhole  bool           `json:"readyWhole"`
+	Mounted     bool           `json:"mounted"`
+	MountRO     bool           `json:"mountRO"`
+	DevEntries  []string       `json:"devEntries"`
+	ExitCode    int            `json:"exitCode"`
+	StopMillis  int64          `json:"stopMillis"`
+	RSSKiB      int            `json:"rssKiB"`
+	Log         string         `json:"log"`
+	StatusWhole bool           `json:"statusWhole"`
+}
+
+type scenario struct {
+	Subroot  string            `json:"subroot"`
+	Env      map[string]string `json:"env"`
+	Until    string            `json:"until"`    // phase to wait for before SIGTERM; "" = SIGTERM after Delay
+	Delay    time.Duration     `json:"delay"`    // used when Until is ""
+	FakeProc bool              `json:"fakeProc"` // write /proc files of a loaded driver (without GPUs NVML can use)
+}
+
+func run(t *testing.T, sc scenario) outcome {
+	t.Helper()
+	testutil.RequireRoot(t)
+
+	bin := testutil.ServiceBinary(t)
+	spec, err := json.Marshal(sc)
+	require.NoError(t, err)
+
+	cmd := exec.Command("unshare", "--mount", "--propagation", "private", os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), envRole+"=node", envScenario+"="+string(spec), "SERVICE_TEST_BIN="+bin, "SERVICE_TEST_TMP="+t.TempDir())
+	cmd.Stderr = os.Stderr
+
+	out, err := cmd.Output()
+	require.NoError(t, err, "node role: %s", out)
+
+	var o outcome
+	require.NoError(t, json.Unmarshal(out, &o), "node role said: %s", out)
+
+	return o
+}
+
+func TestBringsUpSimulatedNode(t *testing.T) {
+	o := run(t, scenario{Env: map[string]string{"NVIDIA_DRIVER_SIMULATE": "h200:4"}, Until: "ready"})
+
+	assert.Equal(t, "ready", o.Phase, o.Log)
+	assert.True(t, o.Ready && o.ReadyWhole, "readiness file written whole")
+	assert.True(t, o.Mounted && o.MountRO, "driver root mounted read-only and still there after stop")
+	assert.Contains(t, o.DevEntries, "nvidia3")
+	assert.Contains(t, o.DevEntries, "nvidiactl")
+	assert.Equal(t, 0, o.ExitCode)
+	assert.Less(t, o.StopMillis, int64(2000), "stop well inside Talos's 10 s")
+	assert.Equal(t, float64(4), float64(len(o.Status["gpus"].([]any))))
+	t.Logf("idle RSS after bring-up: %d KiB; stop took %d ms", o.RSSKiB, o.StopMillis)
+}
+
+func TestNoKernelDriverWaitsAndChangesNothing(t *testing.T) {
+	o := run(t, scenario{Until: "waiting"})
+
+	assert.Equal(t, "waiting", o.Phase)
+	assert.Contains(t, o.Message, "waiting for the nvidia kernel module")
+	assert.False(t, o.Ready, "no readiness file")
+	assert.Empty(t, o.DevEntries, "no device nodes")
+	assert.Equal(t, 0, o.ExitCode)
+	assert.Less(t, o.StopMillis, int64(2000))
+}
+
+// TestNoGPUWaits: the kernel module looks loaded but NVML (Debian's, with no GPU behind it)
+// cannot see a GPU. The service says so once and waits; it does not crash-loop.
+func TestNoGPUWaits(t *testing.T) {
+	o := run(t, scenario{Until: "waiting", FakeProc: true, Delay: 1500 * time.Millisecond})
+
+	assert.Equal(t, "waiting", o.Phase)
+	assert.Contains(t, o.Message, "waiting for a GPU that NVML can see")
+	assert.False(t, o.Ready)
+	assert.Equal(t, 0, o.ExitCode)
+	assert.Equal(t, 1, strings.Count(o.Log, "waiting for a GPU"), "the wait is reported once, not once a poll:\n%s", o.Log)
+}
+
+func TestBrokenSubrootFailsAndChangesNothing(t *testing.T) {
+	o := run(t, scenario{Subroot: "empty", Env: map[string]string{"NVIDIA_DRIVER_SIMULATE": "h200:1"}, Until: "failed"})
+
+	assert.Equal(t, "failed", o.Phase)
+	assert.Contains(t, o.Message, "/usr/lib64/libnvidia-ml.so.1")
+	assert.Contains(t, o.Message, "needed by gpu-operator validator")
+	assert.False(t, o.Mounted, "nothing mounted")
+	assert.False(t, o.Ready)
+	assert.Empty(t, o.DevEntries)
+	assert.Equal(t, 0, o.ExitCode, "exits 0 on SIGTERM, so Talos does not count a failure")
+}
+
+func TestBadConfigurationExitsWithoutChanges(t *testing.T) {
+	o := run(t, scenario{Env: map[string]string{"NVIDIA_DRIVER_PERSISTENCE_MODE": "sometimes"}, Delay: 300 * time.Millisecond})
+
+	assert.NotEqual(t, 0, o.ExitCode)
+	assert.Contains(t, o.Log, `NVIDIA_DRIVER_PERSISTENCE_MODE: "sometimes" is not a boolean`)
+	assert.False(t, o.Mounted)
+	assert.Empty(t, o.DevEntries)
+}
+
+// TestSIGTERMDuringBringUp stops the service at many moments of its bring-up: it must exit 0
+// quickly every time, and every file it wrote must be whole.
+func TestSIGTERMDuringBringUp(t *testing.T) {
+	var worst int64
+
+	for i := range 15 {
+		delay := time.Duration(i) * 2 * time.Millisecond
+		o := run(t, scenario{Env: map[string]string{"NVIDIA_DRIVER_SIMULATE": "h200:8"}, Delay: delay})
+
+		assert.Equal(t, 0, o.ExitCode, "delay %v", delay)
+		assert.True(t, o.StatusWhole, "status file whole at delay %v", delay)
+
+		if o.Ready {
+			assert.True(t, o.ReadyWhole, "readiness file whole at delay %v", delay)
+		}
+
+		worst = max(worst, o.StopMillis)
+	}
+
+	assert.Less(t, worst, int64(2000))
+	t.Logf("slowest stop: %d ms", worst)
+}
+
+func nodeRole() int {
+	o, err := nodeSteps()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "node role:", err)
+
+		return 1
+	}
+
+	if err := json.NewEncoder(os.Stdout).Encode(o); err != nil {
+		return 1
+	}
+
+	return 0
+}
+
+func nodeSteps() (outcome, error) {
+	var (
+		o   outcome
+		sc  scenario
+		tmp = os.Getenv("SERVICE_TEST_TMP")
+	)
+
+	if err := json.Unmarshal([]byte(os.Getenv(envScenario)), &sc); err != nil {
+		return o, err
+	}
+
+	host := filepath.Join(tmp, "host")
+	if err := os.MkdirAll(host, 0o755); err != nil {
+		return o, err
+	}
+
+	if err := unix.Mount("tmpfs", host, "tmpfs", 0, ""); err != nil {
+		return o, err
+	}
+
+	if err := unix.Mount("", host, "", unix.MS_SHARED, ""); err != nil {
+		return o, err
+	}
+
+	subroot := testutil.Subroot(nopTB{})
+	if sc.Subroot == "empty" {
+		subroot = filepath.Join(tmp, "empty-subroot")
+		if err := os.MkdirAll(subroot, 0o755); err != nil {
+			return o, err
+		}
+	}
+
+	if sc.FakeProc {
+		files := map[string]string{
+			"proc/devices":               "Character devices:\n195 nvidia-frontend\n\nBlock devices:\n",
+			"proc/driver/nvidia/version": "NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  535.309.01\n",
+		}
+		for rel, content := range files {
+			p := filepath.Join(host, rel)
+			if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+				return o, err
+			}
+
+			if err := os.WriteFile(p, []byte(content), 0o444); err != nil {
+				return o, err
+			}
+		}
+	}
+
+	logPath := filepath.Join(tmp, "service.log")
+
+	logFile, err := os.Create(logPath)
+	if err != nil {
+		return o, err
+	}
+	defer logFile.Close() //nolint:errcheck
+
+	cmd := exec.Command(os.Getenv("SERVICE_TEST_BIN"), "run")
+	cmd.Env = []string{"PATH=/usr/bin:/bin", "NVIDIA_DRIVER_HOST_ROOT=" + host, "NVIDIA_DRIVER_SUBROOT=" + subroot, "NVIDIA_DRIVER_PERSISTENCED=false"}
+
+	for k, v := range sc.Env {
+		cmd.Env = append(cmd.Env, k+"="+v)
+	}
+
+	cmd.Stdout, cmd.Stderr = logFile, logFile
+
+	if err := cmd.Start(); err != nil {
+		return o, err
+	}
+
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
+
+	statusPath := filepath.Join(host, "run/nvidia-driver/status.json")
+	readyPath := filepath.Join(host, "run/nvidia/validations/nvidia-driver.ready")
+
+	var waitErr error
+
+	done := false
+
+	if sc.Until != "" {
+		deadline := time.Now().Add(10 * time.Second)
+		for time.Now().Before(deadline) && !done {
+			if st, err := readJSON(statusPath); err == nil && st["phase"] == sc.Until {
+				break
+			}
+
+			select {
+			case waitErr = <-exited:
+				done = true
+			case <-time.After(10 * time.Millisecond):
+			}
+		}
+	}
+
+	if !done && sc.Until == "" {
+		// The delay counts from the service's first log line: its signal handler is in place
+		// by then. A SIGTERM during the Go runtime's own start-up would kill any program.
+		for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); {
+			if data, _ := os.ReadFile(logPath); len(data) > 0 { //nolint:errcheck
+				break
+			}
+
+			time.Sleep(time.Millisecond)
+		}
+
+		select {
+		case waitErr = <-exited:
+			done = true
+		case <-time.After(sc.Delay):
+		}
+	}
+
+	if !done {
+		if data, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", cmd.Process.Pid)); err == nil {
+			for _, line := range strings.Split(string(data), "\n") {
+				if v, ok := strings.CutPrefix(line, "VmRSS:"); ok {
+					o.RSSKiB, _ = strconv.Atoi(strings.Fields(v)[0]) //nolint:errcheck
+				}
+			}
+		}
+
+		// The status as it was while running.
+		if st, err := readJSON(statusPath); err == nil {
+			o.Status = st
+			o.Phase, _ = st["phase"].(string)     //nolint:errcheck
+			o.Message, _ = st["message"].(string) //nolint:errcheck
+		}
+
+		start := time.Now()
+
+		if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
+			return o, err
+		}
+
+		select {
+		case waitErr = <-exited:
+		case <-time.After(10 * time.Second):
+			cmd.Process.Kill() //nolint:errcheck
+
+			return o, fmt.Errorf("the service did not stop within 10 s")
+		}
+
+		o.StopMillis = time.Since(start).Milliseconds()
+	}
+
+	if ee, ok := waitErr.(*exec.ExitError); ok {
+		o.ExitCode = ee.ExitCode()
+	} else if waitErr != nil {
+		return o, waitErr
+	}
+
+	_, statusErr := readJSON(statusPath)
+	o.StatusWhole = statusErr == nil || os.IsNotExist(statusErr)
+
+	if _, err := os.Stat(readyPath); err == nil {
+		o.Ready = true
+		_, err := readJSON(readyPath)
+		o.ReadyWhole = err == nil
+	}
+
+	infos, err := mountinfo.GetMounts(mountinfo.SingleEntryFilter(filepath.Join(host, "run/nvidia/driver")))
+	if err != nil {
+		return o, err
+	}
+
+	if len(infos) > 0 {
+		o.Mounted = true
+		o.MountRO = strings.HasPrefix(infos[len(infos)-1].Options, "ro")
+	}
+
+	if entries, err := os.ReadDir(filepath.Join(host, "dev")); err == nil {
+		for _, e := range entries {
+			o.DevEntries = append(o.DevEntries, e.Name())
+		}
+	}
+
+	logData, _ := os.ReadFile(logPath) //nolint:errcheck
+	o.Log = string(logData)
+
+	return o, nil
+}
+
+func readJSON(path string) (map[string]any, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+
+	var m map[string]any
+
+	return m, json.Unmarshal(data, &m)
+}
+
+// nopTB lets the node role, which runs outside a test, use testutil's fixture lookup.
+type nopTB struct{ testing.TB }
+
+func (nopTB) Helper()                      {}
+func (nopTB) Fatal(args ...any)            { panic(fmt.Sprint(args...)) }
+func (nopTB) Fatalf(f string, args ...any) { panic(fmt.Sprintf(f, args...)) }
