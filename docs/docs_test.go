@@ -1,0 +1,306 @@
+// Tests for the user documentation: every machine config patch it shows is a file in
+// docs/examples that Talos's own loader accepts and that validates once merged onto a
+// generated worker config; the example pods decode as Kubernetes pods; every repository
+// path, script and make target the docs name exists.
+package docs_test
+
+import (
+	"bufio"
+	"fmt"
+	"os"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/siderolabs/talos/pkg/machinery/config/configloader"
+	"github.com/siderolabs/talos/pkg/machinery/config/configpatcher"
+	"github.com/siderolabs/talos/pkg/machinery/config/generate"
+	"github.com/siderolabs/talos/pkg/machinery/config/machine"
+	"github.com/siderolabs/talos/pkg/machinery/config/validation"
+	"github.com/siderolabs/talos/pkg/machinery/constants"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	"sigs.k8s.io/yaml"
+
+	"github.com/talos-nvidia/nvidia-driver/pkg/config"
+	"github.com/talos-nvidia/nvidia-driver/pkg/gpu/sim"
+	"github.com/talos-nvidia/nvidia-driver/pkg/mig"
+	migcli "github.com/talos-nvidia/nvidia-driver/pkg/mig/cli"
+)
+
+const root = ".."
+
+// metal is the runtime mode of an installed Talos node.
+type metal struct{}
+
+func (metal) String() string        { return "metal" }
+func (metal) RequiresInstall() bool { return true }
+func (metal) InContainer() bool     { return false }
+
+var _ validation.RuntimeMode = metal{}
+
+// patched is a machine config patch merged onto a generated worker config.
+type patched struct {
+	modules, labels []string
+	env             map[string][]string          // by extension service
+	files           map[string]map[string]string // by service, then mount path
+}
+
+// workerConfig returns a generated worker config, as `talosctl gen config` makes it; it
+// validates on its own, so a validation error after patching comes from the patch.
+func workerConfig(t *testing.T) *generate.Input {
+	t.Helper()
+	input, err := generate.NewInput("gpu", "https://gpu.example.com:6443", constants.DefaultKubernetesVersion,
+		generate.WithInstallDisk("/dev/nvme0n1"))
+	require.NoError(t, err)
+	plain, err := input.Config(machine.TypeWorker)
+	require.NoError(t, err)
+	_, err = plain.Validate(metal{}, validation.WithStrict())
+	require.NoError(t, err)
+	return input
+}
+
+// applyPatch loads a patch the way talosctl does, merges it onto a worker config and
+// validates the result strictly; the nvidia-driver service's settings in it are checked
+// with the service's own loader and its MIG layout file with the MIG package's parser.
+func applyPatch(t *testing.T, input *generate.Input, data []byte) patched {
+	t.Helper()
+	// Talos's loader, strict about unknown fields.
+	_, err := configloader.NewFromBytes(data, configloader.WithAllowPatchDelete())
+	require.NoError(t, err)
+	patch, err := configpatcher.LoadPatch(data)
+	require.NoError(t, err)
+	_, isStrategic := patch.(configpatcher.StrategicMergePatch)
+	require.True(t, isStrategic, "a strategic merge patch")
+
+	base, err := input.Config(machine.TypeWorker)
+	require.NoError(t, err)
+	out, err := configpatcher.Apply(configpatcher.WithConfig(base), []configpatcher.Patch{patch})
+	require.NoError(t, err)
+	cfg, err := out.Config()
+	require.NoError(t, err)
+	warnings, err := cfg.Validate(metal{}, validation.WithStrict())
+	require.NoError(t, err)
+	assert.Empty(t, warnings)
+
+	p := patched{env: map[string][]string{}, files: map[string]map[string]string{}}
+	for _, m := range cfg.Machine().Kernel().Modules() {
+		p.modules = append(p.modules, m.Name())
+	}
+	for k, v := range cfg.Machine().NodeLabels() {
+		p.labels = append(p.labels, k+"="+v)
+	}
+	for _, ext := range cfg.ExtensionServiceConfigs() {
+		p.env[ext.Name()] = ext.Environment()
+		p.files[ext.Name()] = map[string]string{}
+		for _, f := range ext.ConfigFiles() {
+			p.files[ext.Name()][f.MountPath()] = f.Content()
+		}
+	}
+	for name := range p.env {
+		assert.Equal(t, "nvidia-driver", name, "the extension's service is named nvidia-driver")
+	}
+	if env, ok := p.env["nvidia-driver"]; ok {
+		svc, err := config.Load(env)
+		require.NoError(t, err, "the service rejects its environment")
+		if content, ok := p.files["nvidia-driver"][svc.MIGConfig]; ok {
+			layouts, err := mig.Parse([]byte(content))
+			require.NoError(t, err, "the service rejects its MIG layout file")
+			if svc.MIGLayout != "" && !slices.Contains(mig.BuiltinLayouts(), svc.MIGLayout) {
+				_, err := layouts.Select(svc.MIGLayout)
+				require.NoError(t, err)
+			}
+		}
+	}
+	return p
+}
+
+func TestMachineConfigPatches(t *testing.T) {
+	input := workerConfig(t)
+
+	examples, err := filepath.Glob("examples/*.yaml")
+	require.NoError(t, err)
+
+	// What each patch must do beyond validating, and for MIG patches the GPU they are
+	// written for: the layout is planned on simulated GPUs of that model.
+	checks := map[string]struct {
+		check func(t *testing.T, p patched)
+		gpu   string
+	}{
+		"gpu-worker.patch.yaml": {check: func(t *testing.T, p patched) {
+			assert.Equal(t, []string{"nvidia", "nvidia_uvm", "nvidia_drm", "nvidia_modeset"}, p.modules)
+			// deploy/'s DaemonSets select on this label (siderolabs/talos#12103).
+			assert.Contains(t, p.labels, "nvidia.com/gpu.present=true")
+		}},
+		"mig.patch.yaml": {gpu: "h200", check: func(t *testing.T, p patched) {
+			assert.Contains(t, p.labels, "nvidia.com/device-plugin.config=mixed")
+			assert.Contains(t, p.env["nvidia-driver"], "NVIDIA_DRIVER_MIG_LAYOUT=h200-balanced")
+		}},
+		"mig-patch.yaml": {gpu: "h100-80gb", check: func(t *testing.T, p patched) {
+			assert.Contains(t, p.env["nvidia-driver"], "NVIDIA_DRIVER_MIG_LAYOUT=inference-h100")
+		}},
+	}
+
+	seen := 0
+	for _, path := range examples {
+		data, err := os.ReadFile(path)
+		require.NoError(t, err)
+		if !patchLike.Match(data) {
+			continue // a Kubernetes manifest
+		}
+		seen++
+		t.Run(filepath.Base(path), func(t *testing.T) {
+			c, ok := checks[filepath.Base(path)]
+			require.True(t, ok, "add a check for %s", path)
+			p := applyPatch(t, input, data)
+			c.check(t, p)
+			if c.gpu == "" {
+				return
+			}
+			svc, err := config.Load(p.env["nvidia-driver"])
+			require.NoError(t, err)
+			layouts, err := mig.Parse([]byte(p.files["nvidia-driver"][svc.MIGConfig]))
+			require.NoError(t, err)
+			spec, err := sim.LookupModel(c.gpu)
+			require.NoError(t, err)
+			plan, err := migcli.Plan(spec, 2, layouts, svc.MIGLayout)
+			require.NoError(t, err, "layout %q does not fit two %s", svc.MIGLayout, c.gpu)
+			require.NotNil(t, plan)
+		})
+	}
+	assert.Equal(t, len(checks), seen, "every checked patch exists")
+}
+
+func TestExamplePods(t *testing.T) {
+	for file, resourceName := range map[string]corev1.ResourceName{
+		"examples/gpu-pod.yaml": "nvidia.com/gpu",
+		"examples/mig-pod.yaml": "nvidia.com/mig-1g.18gb",
+	} {
+		data, err := os.ReadFile(file)
+		require.NoError(t, err)
+		var pod corev1.Pod
+		require.NoError(t, yaml.UnmarshalStrict(data, &pod), file)
+		assert.Nil(t, pod.Spec.RuntimeClassName, "%s: no NVIDIA runtime class on Talos", file)
+		require.Len(t, pod.Spec.Containers, 1)
+		assert.Equal(t, resource.MustParse("1"), pod.Spec.Containers[0].Resources.Limits[resourceName], file)
+		for _, e := range pod.Spec.Containers[0].Env {
+			assert.NotEqual(t, "NVIDIA_VISIBLE_DEVICES", e.Name, "%s: the env var alone gives no GPU", file)
+		}
+	}
+}
+
+var (
+	fence     = regexp.MustCompile("^```")
+	repoPath  = regexp.MustCompile("(?:^|[\\s`(])((?:deploy|docs|hack|pkg)/[A-Za-z0-9_./-]*[A-Za-z0-9_])")
+	makeCall  = regexp.MustCompile("(?m)(?:`|^\\s*)make ([a-z][a-z0-9-]*)") // in code, not prose
+	patchLike = regexp.MustCompile(`(?m)^(machine|cluster):|^kind: ExtensionServiceConfig`)
+)
+
+type block struct {
+	file, lang, text string
+	line             int
+}
+
+func markdownFiles(t *testing.T) []string {
+	t.Helper()
+	files, err := filepath.Glob("*.md")
+	require.NoError(t, err)
+	if _, err := os.Stat(filepath.Join(root, "README.md")); err == nil {
+		files = append(files, filepath.Join(root, "README.md"))
+	}
+	require.NotEmpty(t, files)
+	return files
+}
+
+func codeBlocks(t *testing.T, file string) []block {
+	t.Helper()
+	f, err := os.Open(file)
+	require.NoError(t, err)
+	defer f.Close()
+	var blocks []block
+	var cur *block
+	sc := bufio.NewScanner(f)
+	for n := 1; sc.Scan(); n++ {
+		line := sc.Text()
+		switch {
+		case cur == nil && fence.MatchString(strings.TrimSpace(line)):
+			cur = &block{file: file, lang: strings.TrimPrefix(strings.TrimSpace(line), "```"), line: n}
+		case cur != nil && strings.TrimSpace(line) == "```":
+			blocks = append(blocks, *cur)
+			cur = nil
+		case cur != nil:
+			cur.text += line + "\n"
+		}
+	}
+	require.NoError(t, sc.Err())
+	require.Nil(t, cur, "%s: unclosed code block", file)
+	return blocks
+}
+
+// Every machine config patch shown in the docs validates like the example files, and
+// one that names its file on its first line (`# docs/examples/NAME`) is that file
+// verbatim.
+func TestDocsPatchesValidate(t *testing.T) {
+	input := workerConfig(t)
+	shown := 0
+	for _, file := range markdownFiles(t) {
+		for _, b := range codeBlocks(t, file) {
+			if !patchLike.MatchString(b.text) {
+				continue
+			}
+			shown++
+			t.Run(fmt.Sprintf("%s:%d", filepath.Base(b.file), b.line), func(t *testing.T) {
+				applyPatch(t, input, []byte(b.text))
+				first, _, _ := strings.Cut(b.text, "\n")
+				if name, ok := strings.CutPrefix(first, "# docs/examples/"); ok {
+					want, err := os.ReadFile(filepath.Join("examples", name))
+					require.NoError(t, err)
+					assert.Equal(t, string(want), b.text, "differs from docs/examples/%s", name)
+				}
+			})
+		}
+	}
+	assert.Positive(t, shown)
+}
+
+// Paths, scripts and make targets the docs mention exist.
+func TestDocsReferencesExist(t *testing.T) {
+	targets := makeTargets(t)
+	for _, file := range markdownFiles(t) {
+		data, err := os.ReadFile(file)
+		require.NoError(t, err)
+		for _, m := range repoPath.FindAllStringSubmatch(string(data), -1) {
+			p := strings.TrimSuffix(m[1], ".")
+			if strings.Contains(p, "NAME") || strings.Contains(p, "...") {
+				continue
+			}
+			_, err := os.Stat(filepath.Join(root, p))
+			assert.NoError(t, err, "%s mentions %s", file, p)
+		}
+		for _, m := range makeCall.FindAllStringSubmatch(string(data), -1) {
+			assert.True(t, slices.Contains(targets, m[1]), "%s runs `make %s`, which no Makefile defines", file, m[1])
+		}
+	}
+}
+
+func makeTargets(t *testing.T) []string {
+	t.Helper()
+	var targets []string
+	for _, mk := range []string{filepath.Join(root, "Makefile"), filepath.Join(root, "hack", "deploy.mk")} {
+		data, err := os.ReadFile(mk)
+		if os.IsNotExist(err) {
+			continue
+		}
+		require.NoError(t, err)
+		for _, line := range strings.Split(string(data), "\n") {
+			if name, _, ok := strings.Cut(line, ":"); ok && !strings.ContainsAny(name, " \t=$#.") && name != "" {
+				targets = append(targets, name)
+			}
+		}
+	}
+	return targets
+}
