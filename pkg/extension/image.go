@@ -17,14 +17,13 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/empty"
 	"github.com/google/go-containerregistry/pkg/v1/mutate"
 	"github.com/google/go-containerregistry/pkg/v1/tarball"
-	"github.com/google/go-containerregistry/pkg/v1/types"
 )
 
 // epoch is every file's time in the image, so that the same files give the same digest.
 var epoch = time.Unix(0, 0).UTC()
 
 // WriteImage writes the extension directory dir (manifest.yaml and rootfs/) as a one-layer
-// linux/amd64 OCI image with the files at /, where Talos's imager looks for them, into the
+// linux/amd64 container image with the files at /, where Talos's imager looks for them, into the
 // image archive tarPath (the format `crane push` and go-containerregistry's tarball package
 // read), tagged ref. It returns the image's digest.
 func WriteImage(dir, tarPath, ref string) (v1.Hash, error) {
@@ -42,12 +41,14 @@ func WriteImage(dir, tarPath, ref string) (v1.Hash, error) {
 
 	layer, err := tarball.LayerFromOpener(func() (io.ReadCloser, error) {
 		return io.NopCloser(bytes.NewReader(data)), nil
-	}, tarball.WithMediaType(types.OCILayer))
+	})
 	if err != nil {
 		return v1.Hash{}, fmt.Errorf("building the layer: %w", err)
 	}
 
-	img, err := mutate.AppendLayers(mutate.MediaType(mutate.ConfigMediaType(empty.Image, types.OCIConfigJSON), types.OCIManifestSchema1), layer)
+	// Docker media types: an image archive keeps no manifest, and whoever reads it back
+	// (crane push, imager) rebuilds one with these types, so the digest stays the same.
+	img, err := mutate.AppendLayers(empty.Image, layer)
 	if err != nil {
 		return v1.Hash{}, fmt.Errorf("building the image: %w", err)
 	}
