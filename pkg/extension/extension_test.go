@@ -148,9 +148,11 @@ func TestBadBuildsFail(t *testing.T) {
 			want:  []string{`path "/etc/nvidia/evil.conf" is not allowed`},
 		},
 		{
-			name:  "world-writable file",
-			plant: func(t *testing.T, o *extension.Options) { o.Overlay = overlay(t, "usr/local/share/nvidia-driver/notes", 0o666) },
-			want:  []string{"/usr/local/share/nvidia-driver/notes: world-writable (mode -rw-rw-rw-)"},
+			name: "world-writable file",
+			plant: func(t *testing.T, o *extension.Options) {
+				o.Overlay = overlay(t, "usr/local/share/nvidia-driver/notes", 0o666)
+			},
+			want: []string{"/usr/local/share/nvidia-driver/notes: world-writable (mode -rw-rw-rw-)"},
 		},
 		{
 			name: "world-writable directory in the payload",
