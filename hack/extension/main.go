@@ -45,12 +45,25 @@ func run(args []string, stdout, stderr io.Writer) int {
 	fs.StringVar(&o.Overlay, "overlay", "extension/rootfs", "files laid over rootfs/")
 	ref := fs.String("image-ref", "", "tag written into the image archive (default: talos-nvidia/<name>:<version>)")
 	noImage := fs.Bool("no-image", false, "assemble and validate only")
+	validate := fs.String("validate", "", "only validate this extension directory (manifest.yaml + rootfs/)")
 
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
 
 	log := slog.New(slog.NewTextHandler(stderr, nil))
+
+	if *validate != "" {
+		if err := extension.Validate(*validate, o.TalosVersion); err != nil {
+			fmt.Fprintln(stderr, "extension:", err)
+
+			return 1
+		}
+
+		fmt.Fprintf(stdout, "%s: valid for Talos %s\n", *validate, o.TalosVersion)
+
+		return 0
+	}
 
 	o.ModuleKind = extension.ModuleKind(*kind)
 	o.OutDir = filepath.Join(*out, "extensions")
