@@ -4,6 +4,9 @@
 #   make test    everything CI runs (installs what the tests need first)
 #   make demo    the service against a simulated GPU node, in a private mount namespace
 #   make lint    gofmt and go vet
+#   make extension  the development extension image (_out/extensions/), validated with Talos's code
+#   make harness    run that image's service as Talos does, with runc, and print what the host saw
+#   make flavors    re-render the release recipes (manifest.yaml, pkg.yaml, vars.yaml, flavors/)
 
 SHELL := /bin/bash
 OUT ?= _out
@@ -20,7 +23,7 @@ GO_LDFLAGS := -s -w -X main.version=$(VERSION)
 HOOK_PKG := github.com/NVIDIA/nvidia-container-toolkit/cmd/nvidia-cdi-hook
 SUBROOT := $(OUT)/subroot-debian
 
-.PHONY: all build subroot test lint demo deps clean e2e-tools e2e-gpu
+.PHONY: all build subroot test lint demo deps clean e2e-tools e2e-gpu extension harness flavors
 
 all: build
 
@@ -47,6 +50,17 @@ test: deps build lint
 lint:
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt would change:"; echo "$$out"; exit 1; fi
 	go vet ./...
+
+# EXTENSION_FLAGS: e.g. -name nvidia-driver-dev-host -payload _out/subroot-host (see hack/extension).
+extension: build
+	go run ./hack/extension -out $(OUT) $(EXTENSION_FLAGS)
+
+# HARNESS_FLAGS: e.g. -extension _out/extensions/nvidia-driver-dev-host -env NVIDIA_DRIVER_PERSISTENCE_MODE=false -until ready,failed
+harness: deps extension
+	go run ./hack/harness $(HARNESS_FLAGS)
+
+flavors:
+	go run ./hack/gen-flavors
 
 demo: build
 	hack/demo.sh

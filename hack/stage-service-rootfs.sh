@@ -12,6 +12,9 @@ stage=$(mktemp -d "${TMPDIR:-/tmp}/service-rootfs.XXXXXX")
 trap 'rm -rf "$stage"' EXIT
 mkdir -p "$stage/usr/bin" "$stage/lib64" "$stage/lib/x86_64-linux-gnu" "$stage/etc"
 install -m 0755 "$bin" "$stage/usr/bin/nvidia-driver"
+# nvidia-persistenced's /var/run/nvidia-persistenced is compiled in; the service's /run is
+# the host's (see extension/nvidia-driver.yaml).
+mkdir -p "$stage/var" && ln -s ../run "$stage/var/run"
 
 interp=$(readelf -l "$bin" | sed -n 's/.*Requesting program interpreter: \(.*\)]/\1/p')
 [ -n "$interp" ] || { echo "stage-service-rootfs: $bin has no ELF interpreter" >&2; exit 1; }
@@ -31,6 +34,7 @@ done
 echo /lib/x86_64-linux-gnu >"$stage/etc/ld.so.conf"
 ldconfig -r "$stage"
 chmod -R go-w "$stage"
+chmod 0755 "$stage"
 
 rm -rf "$out"
 mkdir -p "$(dirname "$out")"

@@ -116,6 +116,19 @@ func (r *Runner) bringUp(ctx context.Context) error {
 
 	r.status.update(func(s *Status) { s.DriverVersion = report.DriverVersion }) //nolint:errcheck // reported by report()
 
+	// A bad MIG layout file or name is a configuration error: say so now, before anything is
+	// mounted and before waiting for a driver that may be missing too.
+	if r.cfg.MIGLayout != "" {
+		cfg, err := r.migConfig()
+		if err != nil {
+			return err
+		}
+
+		if _, err := cfg.Select(r.cfg.MIGLayout); err != nil {
+			return fmt.Errorf("MIG layout %q: %w", r.cfg.MIGLayout, err)
+		}
+	}
+
 	// The driver root is the extension's own content: mounting it needs no GPU, and consumers
 	// that start early find it.
 	mount := r.cfg.DriverMount()
