@@ -43,6 +43,7 @@ $(SUBROOT):
 # Debian packages and tools the tests use (runc, util-linux's unshare).
 deps:
 	hack/install-test-deps.sh
+	bash hack/install-deploy-test-deps.sh
 
 test: deps build lint
 	go test -count=1 ./...
@@ -77,6 +78,8 @@ e2e-tools: build
 # On a host with an NVIDIA GPU (skipped elsewhere): see hack/e2e-gpu.sh.
 e2e-gpu: e2e-tools
 	hack/e2e-gpu.sh
+
+include hack/deploy.mk
 
 clean:
 	rm -rf $(OUT)

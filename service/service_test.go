@@ -49,6 +49,8 @@ type outcome struct {
 	ExitCode    int            `json:"exitCode"`
 	StopMillis  int64          `json:"stopMillis"`
 	RSSKiB      int            `json:"rssKiB"`
+	ReadyFile   string         `json:"readyFile"`
+	NFDFile     string         `json:"nfdFile"`
 	Log         string         `json:"log"`
 	StatusWhole bool           `json:"statusWhole"`
 }
@@ -59,6 +61,7 @@ type scenario struct {
 	Until    string            `json:"until"`    // phase to wait for before SIGTERM; "" = SIGTERM after Delay
 	Delay    time.Duration     `json:"delay"`    // used when Until is ""
 	FakeProc bool              `json:"fakeProc"` // write /proc files of a loaded driver (without GPUs NVML can use)
+	Runs     int               `json:"runs"`     // start the service this many times (a restart), default 1
 }
 
 func run(t *testing.T, sc scenario) outcome {
@@ -227,7 +230,38 @@ func nodeSteps() (outcome, error) {
 		}
 	}
 
-	logPath := filepath.Join(tmp, "service.log")
+	// nvcdi reads MIG minors from /proc/driver/nvidia-caps itself: point this namespace's at
+	// the simulated driver's.
+	if err := unix.Mount("tmpfs", "/proc/driver", "tmpfs", 0, ""); err != nil {
+		return o, err
+	}
+
+	if err := os.Symlink(filepath.Join(host, "proc/driver/nvidia-caps"), "/proc/driver/nvidia-caps"); err != nil {
+		return o, err
+	}
+
+	// Earlier runs stand for the service before a restart; the last one is looked at.
+	var before []string
+
+	for i := 1; i < max(sc.Runs, 1); i++ {
+		first, err := runOnce(sc, host, subroot, filepath.Join(tmp, fmt.Sprintf("service-%d.log", i)))
+		if err != nil {
+			return first, err
+		}
+
+		before = append(before, first.ReadyFile)
+	}
+
+	last, err := runOnce(sc, host, subroot, filepath.Join(tmp, "service.log"))
+	if len(before) > 0 && before[len(before)-1] != "" && before[len(before)-1] == last.ReadyFile {
+		last.Log += "\nreadiness unchanged by the restart"
+	}
+
+	return last, err
+}
+
+func runOnce(sc scenario, host, subroot, logPath string) (outcome, error) {
+	var o outcome
 
 	logFile, err := os.Create(logPath)
 	if err != nil {
@@ -333,10 +367,15 @@ func nodeSteps() (outcome, error) {
 	_, statusErr := readJSON(statusPath)
 	o.StatusWhole = statusErr == nil || os.IsNotExist(statusErr)
 
-	if _, err := os.Stat(readyPath); err == nil {
+	if data, err := os.ReadFile(readyPath); err == nil {
 		o.Ready = true
+		o.ReadyFile = string(data)
 		_, err := readJSON(readyPath)
 		o.ReadyWhole = err == nil
+	}
+
+	if data, err := os.ReadFile(filepath.Join(host, nfdDir, "nvidia-driver")); err == nil {
+		o.NFDFile = string(data)
 	}
 
 	infos, err := mountinfo.GetMounts(mountinfo.SingleEntryFilter(filepath.Join(host, "run/nvidia/driver")))
@@ -359,6 +398,30 @@ func nodeSteps() (outcome, error) {
 	o.Log = string(logData)
 
 	return o, nil
+}
+
+const nfdDir = "etc/kubernetes/node-feature-discovery/features.d"
+
+// TestMIGLayoutLabelsAndStableReadiness: a simulated node with a MIG layout comes up, its
+// Node Feature Discovery labels say so, and a restart that changes nothing leaves the
+// readiness file's bytes alone (the device plugin restarts when they change).
+func TestMIGLayoutLabelsAndStableReadiness(t *testing.T) {
+	sc := scenario{
+		Env: map[string]string{
+			"NVIDIA_DRIVER_SIMULATE": "h200:2", "NVIDIA_DRIVER_MIG_LAYOUT": "all-balanced",
+			"NVIDIA_DRIVER_NFD_FEATURES_DIR": "/" + nfdDir,
+		},
+		Until: "ready",
+		Runs:  2,
+	}
+	o := run(t, sc)
+
+	require.Equal(t, "ready", o.Phase, o.Log)
+	assert.Contains(t, o.NFDFile, "nvidia.com/mig.config=all-balanced")
+	assert.Contains(t, o.NFDFile, "nvidia.com/mig.config.state=success")
+	assert.Contains(t, o.NFDFile, "nvidia.com/gpu.product=NVIDIA-H200")
+	assert.Contains(t, o.ReadyFile, `"migLayout": "all-balanced"`)
+	assert.Contains(t, o.Log, "readiness unchanged by the restart", "the second run must leave the readiness file as it was")
 }
 
 func readJSON(path string) (map[string]any, error) {

@@ -22,6 +22,7 @@ import (
 	"github.com/talos-nvidia/nvidia-driver/pkg/driverroot"
 	"github.com/talos-nvidia/nvidia-driver/pkg/gpu"
 	"github.com/talos-nvidia/nvidia-driver/pkg/mig"
+	"github.com/talos-nvidia/nvidia-driver/pkg/nfd"
 )
 
 // Backoff bounds how often the runner looks again for what it waits for.
@@ -93,6 +94,10 @@ func (r *Runner) Run(ctx context.Context) error {
 		// A ready file from an earlier run would now be a lie.
 		if rmErr := driverroot.MarkNotReady(r.cfg.ValidationsDir()); rmErr != nil {
 			r.log.Error("cannot remove the readiness files", "error", rmErr)
+		}
+
+		if r.cfg.MIGLayout != "" {
+			r.labelNode(string(mig.ResultFailed))
 		}
 
 		r.report(PhaseFailed, err.Error())
@@ -195,14 +200,19 @@ func (r *Runner) bringUp(ctx context.Context) error {
 		r.status.update(func(s *Status) { s.CDISpec = r.cfg.Host(r.cfg.CDISpec) }) //nolint:errcheck
 	}
 
-	summary, err := json.Marshal(r.status.get())
+	// The readiness file holds only what consumers act on, no timestamps: the device plugin
+	// and DCGM exporter restart when its bytes change, so a restart of the service that
+	// changes nothing must not change it.
+	summary, err := json.MarshalIndent(r.readiness(), "", "  ")
 	if err != nil {
 		return fmt.Errorf("encoding the readiness summary: %w", err)
 	}
 
-	if err := driverroot.MarkReady(r.cfg.ValidationsDir(), summary); err != nil {
+	if err := driverroot.MarkReady(r.cfg.ValidationsDir(), append(summary, '\n')); err != nil {
 		return err
 	}
+
+	r.labelNode(migState(r.status.get().MIG))
 
 	r.report(PhaseReady, fmt.Sprintf("node ready: %d GPU(s), driver %s", len(gpus), report.DriverVersion))
 
@@ -415,5 +425,87 @@ func (r *Runner) stopDaemons() {
 	case <-r.daemonsDone:
 	case <-time.After(9 * time.Second):
 		r.log.Error("nvidia-persistenced did not stop in time")
+	}
+}
+
+// readinessSummary is the content of the readiness file.
+type readinessSummary struct {
+	DriverVersion string         `json:"driverVersion"`
+	GPUs          []readinessGPU `json:"gpus"`
+	MIGLayout     string         `json:"migLayout,omitempty"`
+	MIG           []readinessMIG `json:"mig,omitempty"`
+	CDISpec       string         `json:"cdiSpec,omitempty"`
+}
+
+type readinessGPU struct {
+	Index int    `json:"index"`
+	UUID  string `json:"uuid"`
+	Name  string `json:"name"`
+	MIG   string `json:"mig,omitempty"`
+}
+
+type readinessMIG struct {
+	Index  int        `json:"index"`
+	Result mig.Result `json:"result"`
+}
+
+func (r *Runner) readiness() readinessSummary {
+	st := r.status.get()
+	sum := readinessSummary{DriverVersion: st.DriverVersion, MIGLayout: r.cfg.MIGLayout, CDISpec: st.CDISpec}
+
+	for _, g := range st.GPUs {
+		sum.GPUs = append(sum.GPUs, readinessGPU{Index: g.Index, UUID: g.UUID, Name: g.Name, MIG: g.MIG})
+	}
+
+	for _, m := range st.MIG {
+		sum.MIG = append(sum.MIG, readinessMIG{Index: m.Index, Result: m.Result})
+	}
+
+	return sum
+}
+
+// migState sums up the GPUs' MIG results for the node label: failed wins over
+// pending-reboot, which wins over success; "" when no layout was applied.
+func migState(results []mig.Status) string {
+	state := ""
+
+	for _, res := range results {
+		switch {
+		case res.Result == mig.ResultFailed:
+			return string(mig.ResultFailed)
+		case res.Result == mig.ResultPendingReboot:
+			state = string(mig.ResultPendingReboot)
+		case state == "":
+			state = string(mig.ResultSuccess)
+		}
+	}
+
+	return state
+}
+
+// labelNode writes the Node Feature Discovery feature file, when configured: the MIG
+// layout, its state and the GPU product, for clusters that run NFD.
+func (r *Runner) labelNode(state string) {
+	if r.cfg.NFDFeaturesDir == "" {
+		return
+	}
+
+	layout := ""
+	if state != "" {
+		layout = r.cfg.MIGLayout
+	}
+
+	product := ""
+	if gpus := r.status.get().GPUs; len(gpus) > 0 {
+		product = gpus[0].Name
+	}
+
+	w, err := nfd.NewWriter(r.cfg.Host(r.cfg.NFDFeaturesDir), nfd.DefaultName)
+	if err == nil {
+		err = w.Write(nfd.MIGLabels(layout, state, product))
+	}
+
+	if err != nil {
+		r.log.Error("cannot write the Node Feature Discovery labels", "error", err)
 	}
 }
