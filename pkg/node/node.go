@@ -393,7 +393,7 @@ func (r *Runner) startPersistenced(ctx context.Context) {
 		return
 	}
 
-	sup := daemons.New(r.log.With("daemon", "nvidia-persistenced"), spec, daemons.Options{})
+	sup := daemons.New(r.log, spec, daemons.Options{})
 	r.persistenced = sup
 	r.daemonsDone = make(chan struct{})
 
