@@ -168,7 +168,10 @@ func (r *Runner) bringUp(ctx context.Context) error {
 	r.status.update(func(s *Status) { s.GPUs = gpus }) //nolint:errcheck
 
 	if r.cfg.MIGLayout != "" {
-		if err := r.applyMIG(ctx); err != nil {
+		// A GPU that failed half-way was rolled back to its previous layout; the next try
+		// may succeed (a process let go of the GPU). A layout that does not fit never will.
+		err := r.waitFor(ctx, fmt.Sprintf("MIG layout %q", r.cfg.MIGLayout), func() error { return r.applyMIG(ctx) })
+		if err != nil {
 			return err
 		}
 
@@ -214,12 +217,24 @@ func (r *Runner) bringUp(ctx context.Context) error {
 
 	r.labelNode(migState(r.status.get().MIG))
 
-	r.report(PhaseReady, fmt.Sprintf("node ready: %d GPU(s), driver %s", len(gpus), report.DriverVersion))
+	msg := fmt.Sprintf("node ready: %d GPU(s), driver %s", len(gpus), report.DriverVersion)
+	if state := migState(r.status.get().MIG); state != "" {
+		msg += fmt.Sprintf(", MIG layout %q: %s", r.cfg.MIGLayout, state)
+	}
+
+	r.report(PhaseReady, msg)
 
 	return nil
 }
 
 var errNoGPU = errors.New("NVML sees no GPU")
+
+// permanentError ends a waitFor: trying again cannot help.
+type permanentError struct{ err error }
+
+func (p permanentError) Error() string { return p.err.Error() }
+
+func permanent(err error) error { return permanentError{err} }
 
 func (r *Runner) listGPUs() ([]gpu.GPU, error) {
 	if err := gpu.Init(r.nvml); err != nil {
@@ -259,6 +274,11 @@ func (r *Runner) waitFor(ctx context.Context, what string, check func() error) e
 		err := check()
 		if err == nil {
 			return nil
+		}
+
+		var p permanentError
+		if errors.As(err, &p) {
+			return p.err
 		}
 
 		if msg := err.Error(); msg != last {
@@ -332,7 +352,8 @@ func (r *Runner) applyMIG(ctx context.Context) error {
 
 	results, err := applier.Apply(ctx, cfg, r.cfg.MIGLayout)
 	if err != nil {
-		return fmt.Errorf("MIG layout %q: %w", r.cfg.MIGLayout, err)
+		// Planning failed: nothing was changed, and trying again cannot help.
+		return permanent(fmt.Errorf("MIG layout %q: %w", r.cfg.MIGLayout, err))
 	}
 
 	r.status.update(func(s *Status) { s.MIG = results }) //nolint:errcheck
@@ -347,7 +368,7 @@ func (r *Runner) applyMIG(ctx context.Context) error {
 	}
 
 	if len(failed) > 0 {
-		return fmt.Errorf("MIG layout %q not applied: %s", r.cfg.MIGLayout, strings.Join(failed, "; "))
+		return fmt.Errorf("not applied, GPUs rolled back: %s", strings.Join(failed, "; "))
 	}
 
 	return nil

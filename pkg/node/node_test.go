@@ -1,0 +1,133 @@
+package node_test
+
+import (
+	"context"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/NVIDIA/go-nvml/pkg/nvml"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"golang.org/x/sys/unix"
+
+	"github.com/talos-nvidia/nvidia-driver/internal/testutil"
+	"github.com/talos-nvidia/nvidia-driver/pkg/config"
+	"github.com/talos-nvidia/nvidia-driver/pkg/gpu/sim"
+	"github.com/talos-nvidia/nvidia-driver/pkg/mig"
+	"github.com/talos-nvidia/nvidia-driver/pkg/node"
+)
+
+// start runs a runner on simulated GPUs under a throwaway host root until it reports one of
+// the phases, and returns its status and log. CDI and persistenced are off: these tests are
+// about the order and the MIG job.
+func start(t *testing.T, gpus *sim.Node, migFile string, env ...string) (node.Status, string) {
+	t.Helper()
+	testutil.RequireRoot(t)
+
+	host := t.TempDir()
+	target := filepath.Join(host, "run/nvidia/driver")
+	t.Cleanup(func() { unix.Unmount(target, unix.MNT_DETACH) }) //nolint:errcheck
+
+	cfgFile := filepath.Join(t.TempDir(), "mig.yaml")
+	require.NoError(t, os.WriteFile(cfgFile, []byte(migFile), 0o644))
+
+	cfg, err := config.Load(append([]string{
+		"NVIDIA_DRIVER_HOST_ROOT=" + host, "NVIDIA_DRIVER_SUBROOT=" + testutil.Subroot(t),
+		"NVIDIA_DRIVER_PERSISTENCED=false", "NVIDIA_DRIVER_CDI=false", "NVIDIA_DRIVER_MIG_CONFIG=" + cfgFile,
+		"NVIDIA_DRIVER_CONFIG=" + writeVersionOnly(t),
+	}, env...))
+	require.NoError(t, err)
+
+	writeProc := func() error {
+		if ret := gpus.Init(); ret != nvml.SUCCESS {
+			return ret
+		}
+		defer gpus.Shutdown() //nolint:errcheck
+
+		return sim.WriteProcFS(host, gpus)
+	}
+	require.NoError(t, writeProc())
+
+	var logs strings.Builder
+
+	log := slog.New(slog.NewTextHandler(&logs, nil))
+	r := node.New(log, cfg, gpus, node.WithSimulatedProc(writeProc),
+		node.WithBackoff(node.Backoff{Initial: 10 * time.Millisecond, Max: 20 * time.Millisecond}))
+
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+
+	go func() { done <- r.Run(ctx) }()
+
+	deadline := time.Now().Add(10 * time.Second)
+	for time.Now().Before(deadline) {
+		if p := r.Status().Phase; p == node.PhaseReady || p == node.PhaseFailed {
+			break
+		}
+
+		time.Sleep(5 * time.Millisecond)
+	}
+
+	st := r.Status()
+
+	cancel()
+	require.NoError(t, <-done)
+
+	return st, logs.String()
+}
+
+func writeVersionOnly(t *testing.T) string {
+	p := filepath.Join(t.TempDir(), "config.yaml")
+	require.NoError(t, os.WriteFile(p, []byte("version: v1alpha1\n"), 0o644))
+
+	return p
+}
+
+const h100Layout = `version: v1
+mig-configs:
+  split:
+    - devices: all
+      mig-enabled: true
+      mig-devices: {"3g.40gb": 1, "4g.40gb": 1}
+  too-big:
+    - devices: all
+      mig-enabled: true
+      mig-devices: {"7g.80gb": 2}
+`
+
+// TestMIGFailureIsRetriedAndConverges: a GPU instance creation fails once; the GPU is rolled
+// back, the runner waits and tries again, and the node comes up with the layout.
+func TestMIGFailureIsRetriedAndConverges(t *testing.T) {
+	gpus := sim.New(sim.Model("h100-80gb"), 2)
+	gpus.InjectFault(sim.Fault{Method: sim.MCreateGpuInstanceWithPlacement, GPU: 1, Nth: 1, Times: 1, Ret: nvml.ERROR_INSUFFICIENT_RESOURCES})
+
+	st, logs := start(t, gpus, h100Layout, "NVIDIA_DRIVER_MIG_LAYOUT=split")
+
+	require.Equal(t, node.PhaseReady, st.Phase, logs)
+	assert.Contains(t, st.Message, `MIG layout "split": success`)
+	assert.Contains(t, logs, "waiting for MIG layout", "the failed try is reported")
+	require.Len(t, st.MIG, 2)
+
+	for _, res := range st.MIG {
+		assert.Equal(t, mig.ResultSuccess, res.Result)
+	}
+
+	assert.Greater(t, st.DeviceNodes, 4, "MIG capability nodes were created after the change")
+}
+
+// TestMIGLayoutThatDoesNotFitFailsAtOnce: planning fails before anything changes, and
+// trying again cannot help: the runner reports it once and changes no GPU.
+func TestMIGLayoutThatDoesNotFitFailsAtOnce(t *testing.T) {
+	gpus := sim.New(sim.Model("h100-80gb"), 1)
+
+	st, logs := start(t, gpus, h100Layout, "NVIDIA_DRIVER_MIG_LAYOUT=too-big")
+
+	require.Equal(t, node.PhaseFailed, st.Phase, logs)
+	assert.Contains(t, st.Message, `MIG layout "too-big"`)
+	assert.NotContains(t, logs, "waiting for MIG layout")
+	assert.Zero(t, gpus.MutatingCalls(), "no GPU was touched")
+}
