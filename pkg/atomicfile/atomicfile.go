@@ -59,6 +59,13 @@ func Write(path string, data []byte, mode os.FileMode) (changed bool, err error)
 		return false, fmt.Errorf("replacing %s: %w", path, err)
 	}
 
+	// Make the rename itself durable where the directory is on persistent storage (the NFD
+	// features directory on Talos lives on /var); on tmpfs this costs nothing.
+	if d, err := os.Open(dir); err == nil {
+		d.Sync()  //nolint:errcheck // best effort: the data itself is synced
+		d.Close() //nolint:errcheck
+	}
+
 	return true, nil
 }
 

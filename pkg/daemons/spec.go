@@ -1,6 +1,8 @@
 package daemons
 
 import (
+	"github.com/talos-nvidia/nvidia-driver/pkg/atomicfile"
+
 	"bufio"
 	"bytes"
 	"errors"
@@ -197,7 +199,8 @@ func FabricManager(o FabricManagerOptions) (Spec, error) {
 			if err != nil {
 				return fmt.Errorf("read fabric manager config: %w", err)
 			}
-			return writeFileAtomic(cfg, RewriteConfig(in, overrides), 0o644)
+			_, err = atomicfile.Write(cfg, RewriteConfig(in, overrides), 0o644)
+			return err
 		},
 	}
 	return s, s.Validate()
@@ -258,27 +261,4 @@ func checkSubroot(root string, files ...string) error {
 		}
 	}
 	return errors.Join(errs...)
-}
-
-func writeFileAtomic(path string, data []byte, perm os.FileMode) error {
-	tmp, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".*")
-	if err != nil {
-		return fmt.Errorf("write %s: %w", path, err)
-	}
-	defer os.Remove(tmp.Name())
-	if _, err := tmp.Write(data); err != nil {
-		tmp.Close()
-		return fmt.Errorf("write %s: %w", path, err)
-	}
-	if err := tmp.Chmod(perm); err != nil {
-		tmp.Close()
-		return fmt.Errorf("write %s: %w", path, err)
-	}
-	if err := tmp.Close(); err != nil {
-		return fmt.Errorf("write %s: %w", path, err)
-	}
-	if err := os.Rename(tmp.Name(), path); err != nil {
-		return fmt.Errorf("write %s: %w", path, err)
-	}
-	return nil
 }

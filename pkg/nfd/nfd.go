@@ -10,6 +10,8 @@
 package nfd
 
 import (
+	"github.com/talos-nvidia/nvidia-driver/pkg/atomicfile"
+
 	"errors"
 	"fmt"
 	"os"
@@ -76,44 +78,10 @@ func (w *Writer) Write(labels map[string]string) error {
 	if err != nil {
 		return fmt.Errorf("nfd: %s: %w", w.Path(), err)
 	}
-	if err := os.MkdirAll(w.dir, 0o755); err != nil {
-		return fmt.Errorf("nfd: create feature directory: %w", err)
-	}
-	tmp, err := os.CreateTemp(w.dir, "."+w.name+".tmp-*")
-	if err != nil {
-		return fmt.Errorf("nfd: create temp file: %w", err)
-	}
-	tmpName := tmp.Name()
-	committed := false
-	defer func() {
-		if !committed {
-			_ = os.Remove(tmpName)
-		}
-	}()
-	if _, err := tmp.Write(content); err != nil {
-		_ = tmp.Close()
-		return fmt.Errorf("nfd: write %s: %w", tmpName, err)
-	}
-	if err := tmp.Chmod(0o644); err != nil {
-		_ = tmp.Close()
-		return fmt.Errorf("nfd: chmod %s: %w", tmpName, err)
-	}
-	if err := tmp.Sync(); err != nil {
-		_ = tmp.Close()
-		return fmt.Errorf("nfd: sync %s: %w", tmpName, err)
-	}
-	if err := tmp.Close(); err != nil {
-		return fmt.Errorf("nfd: close %s: %w", tmpName, err)
-	}
-	if err := os.Rename(tmpName, w.Path()); err != nil {
-		return fmt.Errorf("nfd: replace %s: %w", w.Path(), err)
-	}
-	committed = true
-	// The directory lives on persistent storage on Talos (/etc/kubernetes is an overlay
-	// on /var): make the rename durable too.
-	if d, err := os.Open(w.dir); err == nil {
-		_ = d.Sync()
-		_ = d.Close()
+	// The temporary file is hidden (a leading dot): NFD ignores hidden files, so it never
+	// reads a half-written one.
+	if _, err := atomicfile.Write(w.Path(), content, 0o644); err != nil {
+		return fmt.Errorf("nfd: %w", err)
 	}
 	return nil
 }
