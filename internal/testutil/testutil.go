@@ -10,6 +10,8 @@ import (
 	"testing"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/talos-nvidia/nvidia-driver/pkg/gpu/sim"
 )
 
 // RepoRoot returns the repository's top directory.
@@ -118,4 +120,16 @@ func CopyTree(t testing.TB, src string) string {
 	}
 
 	return dst
+}
+
+// Model returns a simulated GPU model by key, failing the test on an unknown one.
+func Model(t testing.TB, key string) sim.ModelSpec {
+	t.Helper()
+
+	m, err := sim.LookupModel(key)
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	return m
 }

@@ -1,6 +1,8 @@
 package mig_test
 
 import (
+	"github.com/talos-nvidia/nvidia-driver/internal/testutil"
+
 	"context"
 	"fmt"
 	"os"
@@ -45,7 +47,7 @@ type rig struct {
 }
 
 func newRig(t testing.TB, model string, gpus int) *rig {
-	node := sim.New(sim.Model(model), gpus)
+	node := sim.New(testutil.Model(t, model), gpus)
 	require.Equal(t, nvml.SUCCESS, node.Init())
 
 	r := &rig{node: node, pd: &fakePersistenced{node: node, gpus: gpus}}

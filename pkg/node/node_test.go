@@ -102,7 +102,7 @@ mig-configs:
 // TestMIGFailureIsRetriedAndConverges: a GPU instance creation fails once; the GPU is rolled
 // back, the runner waits and tries again, and the node comes up with the layout.
 func TestMIGFailureIsRetriedAndConverges(t *testing.T) {
-	gpus := sim.New(sim.Model("h100-80gb"), 2)
+	gpus := sim.New(testutil.Model(t, "h100-80gb"), 2)
 	gpus.InjectFault(sim.Fault{Method: sim.MCreateGpuInstanceWithPlacement, GPU: 1, Nth: 1, Times: 1, Ret: nvml.ERROR_INSUFFICIENT_RESOURCES})
 
 	st, logs := start(t, gpus, h100Layout, "NVIDIA_DRIVER_MIG_LAYOUT=split")
@@ -122,7 +122,7 @@ func TestMIGFailureIsRetriedAndConverges(t *testing.T) {
 // TestMIGLayoutThatDoesNotFitFailsAtOnce: planning fails before anything changes, and
 // trying again cannot help: the runner reports it once and changes no GPU.
 func TestMIGLayoutThatDoesNotFitFailsAtOnce(t *testing.T) {
-	gpus := sim.New(sim.Model("h100-80gb"), 1)
+	gpus := sim.New(testutil.Model(t, "h100-80gb"), 1)
 
 	st, logs := start(t, gpus, h100Layout, "NVIDIA_DRIVER_MIG_LAYOUT=too-big")
 

@@ -168,18 +168,6 @@ func Models() []string {
 	return keys
 }
 
-// Model returns the spec of a model by key (a fresh copy: callers may change it,
-// e.g. set ModeChangeNeedsReset to simulate pass-through). It panics on an
-// unknown key, for literal use in tests; use LookupModel for user input.
-func Model(key string) ModelSpec {
-	m, err := LookupModel(key)
-	if err != nil {
-		panic(err)
-	}
-
-	return m
-}
-
 // LookupModel returns the spec of a model by key.
 func LookupModel(key string) (ModelSpec, error) {
 	for _, m := range models() {

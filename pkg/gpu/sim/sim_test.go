@@ -1,6 +1,8 @@
 package sim_test
 
 import (
+	"github.com/talos-nvidia/nvidia-driver/internal/testutil"
+
 	"context"
 	"encoding/json"
 	"os"
@@ -20,7 +22,7 @@ import (
 // 1g.20gb placements (mock: 7 one-slice slots), and the 3g.40gb and 7g.80gb
 // placement sizes (mock: 3 and 7; real Hopper: 4 and 8).
 func TestTablesMatchGoNVMLMock(t *testing.T) {
-	h200 := sim.Model("h200")
+	h200 := testutil.Model(t, "h200")
 
 	for _, tc := range []struct {
 		key  string
@@ -31,7 +33,7 @@ func TestTablesMatchGoNVMLMock(t *testing.T) {
 		{"h100-80gb", gpus.H100_SXM5_80GB},
 	} {
 		t.Run(tc.key, func(t *testing.T) {
-			m := sim.Model(tc.key)
+			m := testutil.Model(t, tc.key)
 			assert.Equal(t, tc.mock.PciDeviceId, m.PciDeviceID)
 			assert.Equal(t, tc.mock.Architecture, m.Architecture)
 			assert.Equal(t, tc.mock.MemoryMB*1024*1024, m.MemoryBytes)
@@ -104,7 +106,7 @@ func TestH200MatchesFixture(t *testing.T) {
 	var f fixture
 	require.NoError(t, json.Unmarshal(data, &f))
 
-	node := sim.New(sim.Model("h200"), 1)
+	node := sim.New(testutil.Model(t, "h200"), 1)
 	require.Equal(t, nvml.SUCCESS, node.Init())
 	dev, _ := node.DeviceGetHandleByIndex(0)
 
@@ -161,7 +163,7 @@ func enable(t *testing.T, node *sim.Node, i int) nvml.Device {
 }
 
 func TestAmpereModeIsPendingUntilReset(t *testing.T) {
-	node := sim.New(sim.Model("a100-80gb"), 2)
+	node := sim.New(testutil.Model(t, "a100-80gb"), 2)
 	require.Equal(t, nvml.SUCCESS, node.Init())
 	dev, _ := node.DeviceGetHandleByIndex(1)
 
@@ -187,7 +189,7 @@ func TestAmpereModeIsPendingUntilReset(t *testing.T) {
 }
 
 func TestHopperModeChangeResetsOrRefuses(t *testing.T) {
-	node := sim.New(sim.Model("h100-80gb"), 1)
+	node := sim.New(testutil.Model(t, "h100-80gb"), 1)
 	require.Equal(t, nvml.SUCCESS, node.Init())
 	dev, _ := node.DeviceGetHandleByIndex(0)
 
@@ -206,7 +208,7 @@ func TestHopperModeChangeResetsOrRefuses(t *testing.T) {
 }
 
 func TestPlacementRules(t *testing.T) {
-	node := sim.New(sim.Model("h100-80gb"), 1)
+	node := sim.New(testutil.Model(t, "h100-80gb"), 1)
 	require.Equal(t, nvml.SUCCESS, node.Init())
 	dev := enable(t, node, 0)
 
@@ -265,7 +267,7 @@ func TestPlacementRules(t *testing.T) {
 }
 
 func TestFaultInjectionAndCounters(t *testing.T) {
-	node := sim.New(sim.Model("h200"), 2)
+	node := sim.New(testutil.Model(t, "h200"), 2)
 	require.Equal(t, nvml.SUCCESS, node.Init())
 
 	node.InjectFault(sim.Fault{Method: "Device.GetName", GPU: 1, Nth: 2, Ret: nvml.ERROR_UNKNOWN})
@@ -288,7 +290,7 @@ func TestFaultInjectionAndCounters(t *testing.T) {
 }
 
 func TestUnsimulatedCallPanicsWithItsName(t *testing.T) {
-	node := sim.New(sim.Model("h200"), 1)
+	node := sim.New(testutil.Model(t, "h200"), 1)
 	require.Equal(t, nvml.SUCCESS, node.Init())
 	dev, _ := node.DeviceGetHandleByIndex(0)
 	assert.PanicsWithValue(t, "Device.GetPowerUsageFunc: method is nil but Device.GetPowerUsage was just called", func() { _, _ = dev.GetPowerUsage() })

@@ -1,6 +1,8 @@
 package cli_test
 
 import (
+	"github.com/talos-nvidia/nvidia-driver/internal/testutil"
+
 	"bytes"
 	"os"
 	"path/filepath"
@@ -75,7 +77,7 @@ func BenchmarkPlanBuiltins(b *testing.B) {
 
 	for _, model := range sim.Models() {
 		b.Run(model, func(b *testing.B) {
-			node := sim.New(sim.Model(model), 8)
+			node := sim.New(testutil.Model(b, model), 8)
 			node.Init()
 
 			gpus, err := mig.ReadGPUs(node)
