@@ -33,7 +33,7 @@ var quiet = slog.New(slog.NewTextHandler(io.Discard, nil))
 
 // simulatedNode returns simulated NVML and a host root whose /dev holds the simulated GPUs'
 // device nodes, made by the device-node job from the simulated /proc.
-func simulatedNode(t *testing.T, spec string) (nvml.Interface, string) {
+func simulatedNode(t testing.TB, spec string) (nvml.Interface, string) {
 	t.Helper()
 	testutil.RequireRoot(t)
 
@@ -309,4 +309,23 @@ func TestRewriteOnlyWhenChanged(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, st1.ModTime(), st2.ModTime())
 	assert.Equal(t, os.FileMode(0o644), st2.Mode().Perm())
+}
+
+// BenchmarkGenerate measures spec generation in-process on two simulated H200s and the
+// Debian-built subroot (NVML calls are the simulator's, so this is nvcdi's own cost).
+func BenchmarkGenerate(b *testing.B) {
+	lib, host := simulatedNode(b, "h200:2")
+	o := cdi.DefaultOptions(testutil.Subroot(b))
+	o.DevRoot = host
+
+	for b.Loop() {
+		s, err := cdi.Generate(quiet, lib, o)
+		if err != nil {
+			b.Fatal(err)
+		}
+
+		if _, err := cdi.Render(s); err != nil {
+			b.Fatal(err)
+		}
+	}
 }
