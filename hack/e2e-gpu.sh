@@ -141,32 +141,9 @@ timeout 60 "$C/lib64/ld-linux-x86-64.so.2" --library-path "$C/lib/x86_64-linux-g
 result "device-plugin-style spec generated" $r
 
 # ---- workloads with plain runc -------------------------------------------------------------
-# The container's root: a non-recursive bind of the host's /, which leaves out the driver's
-# own mount and this namespace's overlays, with a tmpfs overlay for its writes.
-mkdir -p "$W/lower" "$W/cup" "$W/cwork" "$W/rootfs"
-mount --bind / "$W/lower"
-mount -t overlay e2e-rootfs -o "lowerdir=$W/lower,upperdir=$W/cup,workdir=$W/cwork" "$W/rootfs"
-[ -e "$W/rootfs/usr/local/nvidia/lib64/libcuda.so.1" ] && echo "  WARNING: the driver is visible in the container rootfs"
-
-torch='import torch; ok = torch.cuda.is_available(); print("cuda", ok); a = torch.ones(1024, 1024, device="cuda"); print("sum", (a @ a).sum().item())'
-ctr() { # name spec-dir device-or-empty args...
-  local name=$1 dir=$2 dev=$3; shift 3
-  local b=$W/bundle-$name; rm -rf "$b"; mkdir -p "$b"
-  (cd "$b" && runc spec)
-  local inj=(--spec-dir "$dir" --config "$b/config.json" --rootfs "$W/rootfs")
-  [ -n "$dev" ] && inj+=(--device "$dev")
-  "$out/bin/cdi-e2e" inject "${inj[@]}" -- "$@" || return 1
-  echo "[$(date +%T.%N | cut -c1-12)] runc run $name" >&2
-  timeout -k 5 "${E2E_CTR_TIMEOUT:-120}" runc --log "$b/runc.log" run --bundle "$b" "e2e-$name-$$" </dev/null 2>&1
-  local rc=$?
-  if [ $rc = 124 ] || [ $rc = 137 ]; then
-    echo "TIMEOUT running $name; processes:" >&2
-    ps -eo pid,ppid,stat,wchan:20,args --forest | grep -v '\[' | tail -25 >&2
-    tail -5 "$b/runc.log" >&2
-    runc delete -f "e2e-$name-$$" >/dev/null 2>&1
-  fi
-  echo "[$(date +%T.%N | cut -c1-12)] runc exit $rc" >&2
-}
+. "$top/hack/e2e-lib.sh"
+e2e_rootfs
+torch=$E2E_TORCH
 
 out1=$(ctr smi /run/cdi nvidia.com/gpu=all nvidia-smi -L); echo "$out1" | sed 's/^/  /'
 echo "$out1" | grep -q '^GPU 0: .*H200\|^GPU 0: ' && r=PASS || r=FAIL

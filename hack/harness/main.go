@@ -49,6 +49,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	until := fs.String("until", "waiting,ready,failed", "service phases to wait for before SIGTERM")
 	wait := fs.Duration("wait", 60*time.Second, "longest wait for -until")
 	hold := fs.Duration("hold", 3*time.Second, "watch the service this long after -until before stopping it")
+	afterReady := fs.String("after-ready", "", "shell command to run while the service is ready (e.g. hack/e2e-workload.sh)")
 	runc := fs.String("runc", "runc", "runc binary")
 	asJSON := fs.Bool("json", false, "print the result as JSON")
 
@@ -89,7 +90,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 
 	res, err := harness.Run(harness.Options{
 		Extension: *ext, ConfigFiles: files, Environment: env, Until: strings.Split(*until, ","),
-		Wait: *wait, Hold: *hold, Work: os.Getenv(envInside), Runc: runcPath, Log: stderr,
+		Wait: *wait, Hold: *hold, AfterReady: *afterReady, Work: os.Getenv(envInside), Runc: runcPath, Log: stderr,
 	})
 	if err != nil {
 		fmt.Fprintln(stderr, "harness:", err)
@@ -164,6 +165,9 @@ func printSummary(w io.Writer, r harness.Result) {
 		yes(r.DriverRoot.Mounted), yes(r.DriverRoot.ReadOnly), yes(r.DriverRootAfter.Mounted), yes(r.DriverRootAfter.ReadOnly))
 	fmt.Fprintf(w, "/dev               %s\n", strings.Join(r.DevEntries, " "))
 	fmt.Fprintf(w, "CDI spec           %s; readiness file %s\n", yes(r.CDISpec), yes(r.ReadyFile))
+	if r.AfterReadyExit != nil {
+		fmt.Fprintf(w, "after ready        command exit code %d\n", *r.AfterReadyExit)
+	}
 	if r.ExitedByItself {
 		fmt.Fprintf(w, "exit               by itself, code %d (Talos restarts it: restart always)\n", r.ExitCode)
 	} else {

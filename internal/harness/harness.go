@@ -37,6 +37,9 @@ type Options struct {
 	Runc string
 	// Log receives progress lines.
 	Log io.Writer
+	// AfterReady, when set, is a shell command run on the host side while the service is
+	// ready (e.g. hack/e2e-workload.sh: a CUDA container through the service's CDI spec).
+	AfterReady string
 }
 
 // Result is what the host side saw.
@@ -61,6 +64,7 @@ type Result struct {
 	SeccompSyscalls  int            `json:"seccompSyscalls"`
 	CapabilityCount  int            `json:"capabilities"`
 	RootfsPropagates string         `json:"rootfsPropagation"`
+	AfterReadyExit   *int           `json:"afterReadyExit,omitempty"`
 }
 
 // MountState is a mount seen from the host side.
@@ -231,6 +235,23 @@ func Run(o Options) (Result, error) {
 		res.Status = st
 		res.Phase, _ = st["phase"].(string)     //nolint:errcheck
 		res.Message, _ = st["message"].(string) //nolint:errcheck
+	}
+
+	if o.AfterReady != "" && !done && res.Phase == "ready" {
+		cmd := exec.Command("bash", "-c", o.AfterReady)
+		cmd.Stdout, cmd.Stderr = o.Log, o.Log
+
+		code := 0
+		if err := cmd.Run(); err != nil {
+			code = -1
+
+			var ee *exec.ExitError
+			if errors.As(err, &ee) {
+				code = ee.ExitCode()
+			}
+		}
+
+		res.AfterReadyExit = &code
 	}
 
 	res.DriverRoot = mountState(driverMount)
