@@ -308,7 +308,7 @@ func bench(args []string) error {
 	fmt.Printf("bench (%d runs each, alternating, median):\n", *n)
 	fmt.Printf("  %-20s wall %7.1f ms  peak RSS %6.1f MB\n", *nameA, float64(wa.Microseconds())/1000, float64(ra)/1024)
 	fmt.Printf("  %-20s wall %7.1f ms  peak RSS %6.1f MB\n", *nameB, float64(wb.Microseconds())/1000, float64(rb)/1024)
-	fmt.Printf("  ratio %s/%s: wall %.2fx faster, RSS %.2fx smaller\n", *nameB, *nameA, float64(wb)/float64(wa), float64(rb)/float64(ra))
+	fmt.Printf("  %s against %s: %.2fx the speed (wall), %.2fx less peak RSS\n", *nameB, *nameA, float64(wa)/float64(wb), float64(ra)/float64(rb))
 
 	return nil
 }

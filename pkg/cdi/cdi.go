@@ -61,9 +61,15 @@ func DefaultOptions(driverRoot string) Options {
 // only make every CDI request fail later, with a less clear error).
 var ErrNoDevices = errors.New("no GPU to put in a CDI spec")
 
-// Generate builds the spec. lib must not be initialized by the caller for the duration:
-// nvcdi initializes and shuts NVML down itself.
+// Generate builds the spec from NVML (lib) and the driver root.
 func Generate(log *slog.Logger, lib nvml.Interface, o Options) (spec.Interface, error) {
+	// nvcdi initializes and shuts NVML down around each of its steps, and a first NVML init
+	// costs about 10 ms on a real driver. One reference held for the whole generation makes
+	// the inner ones cheap (NVML counts them). A failure here is nvcdi's to report.
+	if ret := lib.Init(); ret == nvml.SUCCESS {
+		defer lib.Shutdown() //nolint:errcheck
+	}
+
 	// Named as nvidia-ctk names them: by index (0, and 0:1 for MIG) and by UUID.
 	var namers []nvcdi.DeviceNamer
 
