@@ -12,6 +12,7 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"slices"
 	"syscall"
 
 	"github.com/talos-nvidia/nvidia-driver/pkg/config"
@@ -136,6 +137,7 @@ func runService(stderr io.Writer) int {
 
 	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: cfg.LogLevel}))
 	log.Info("starting", "version", version, "subroot", cfg.Subroot, "hostRoot", cfg.HostRoot, "simulate", cfg.Simulate)
+	logSettings(log, cfg)
 
 	if err := serve(ctx, log, cfg); err != nil {
 		if errors.Is(err, context.Canceled) {
@@ -150,4 +152,21 @@ func runService(stderr io.Writer) int {
 	log.Info("stopped")
 
 	return 0
+}
+
+// logSettings says which settings the node's configuration changed, and from where, so that
+// `talosctl logs ext-nvidia-driver` shows what an ExtensionServiceConfig did.
+func logSettings(log *slog.Logger, cfg config.Config) {
+	keys := make([]string, 0, len(cfg.Source))
+	for k, src := range cfg.Source {
+		if src != "default" {
+			keys = append(keys, k)
+		}
+	}
+
+	slices.Sort(keys)
+
+	for _, k := range keys {
+		log.Info("setting", "key", k, "from", cfg.Source[k])
+	}
 }

@@ -73,7 +73,7 @@ func run(t *testing.T, sc scenario) outcome {
 	require.NoError(t, err)
 
 	cmd := exec.Command("unshare", "--mount", "--propagation", "private", os.Args[0], "-test.run=^$")
-	cmd.Env = append(os.Environ(), envRole+"=node", envScenario+"="+string(spec), "SERVICE_TEST_BIN="+bin, "SERVICE_TEST_TMP="+t.TempDir())
+	cmd.Env = append(os.Environ(), envRole+"=node", envScenario+"="+string(spec), "SERVICE_TEST_BIN="+bin, "SERVICE_TEST_SUBROOT="+testutil.Subroot(t), "SERVICE_TEST_TMP="+t.TempDir())
 	cmd.Stderr = os.Stderr
 
 	out, err := cmd.Output()
@@ -205,7 +205,7 @@ func nodeSteps() (outcome, error) {
 		return o, err
 	}
 
-	subroot := testutil.Subroot(nopTB{})
+	subroot := os.Getenv("SERVICE_TEST_SUBROOT")
 	if sc.Subroot == "empty" {
 		subroot = filepath.Join(tmp, "empty-subroot")
 		if err := os.MkdirAll(subroot, 0o755); err != nil {
@@ -421,6 +421,7 @@ func TestMIGLayoutLabelsAndStableReadiness(t *testing.T) {
 	assert.Contains(t, o.NFDFile, "nvidia.com/mig.config.state=success")
 	assert.Contains(t, o.NFDFile, "nvidia.com/gpu.product=NVIDIA-H200")
 	assert.Contains(t, o.ReadyFile, `"migLayout": "all-balanced"`)
+	assert.Contains(t, o.Log, "msg=setting key=migLayout from=env", "the log says what the configuration changed")
 	assert.Contains(t, o.Log, "readiness unchanged by the restart", "the second run must leave the readiness file as it was")
 }
 
@@ -434,10 +435,3 @@ func readJSON(path string) (map[string]any, error) {
 
 	return m, json.Unmarshal(data, &m)
 }
-
-// nopTB lets the node role, which runs outside a test, use testutil's fixture lookup.
-type nopTB struct{ testing.TB }
-
-func (nopTB) Helper()                      {}
-func (nopTB) Fatal(args ...any)            { panic(fmt.Sprint(args...)) }
-func (nopTB) Fatalf(f string, args ...any) { panic(fmt.Sprintf(f, args...)) }

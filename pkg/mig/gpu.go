@@ -155,6 +155,16 @@ type ComputeInstance struct {
 	Placement nvml.ComputeInstancePlacement
 }
 
+// computeProfiles lists the profiles of the instance's compute instances, in order.
+func (in Instance) computeProfiles() []string {
+	cis := make([]string, 0, len(in.ComputeInstances))
+	for _, c := range in.ComputeInstances {
+		cis = append(cis, c.Profile)
+	}
+
+	return cis
+}
+
 // signature describes a state without placements: two states with the same
 // signature serve the same devices, so nothing needs to change.
 func (s State) signature() string {
@@ -165,11 +175,7 @@ func (s State) signature() string {
 	parts := make([]string, 0, len(s.Instances))
 
 	for _, in := range s.Instances {
-		cis := make([]string, 0, len(in.ComputeInstances))
-		for _, c := range in.ComputeInstances {
-			cis = append(cis, c.Profile)
-		}
-
+		cis := in.computeProfiles()
 		sort.Strings(cis)
 		parts = append(parts, in.Profile+"["+strings.Join(cis, ",")+"]")
 	}
@@ -192,11 +198,7 @@ func (s State) String() string {
 	parts := make([]string, 0, len(s.Instances))
 
 	for _, in := range s.Instances {
-		cis := make([]string, 0, len(in.ComputeInstances))
-		for _, c := range in.ComputeInstances {
-			cis = append(cis, c.Profile)
-		}
-
+		cis := in.computeProfiles()
 		parts = append(parts, fmt.Sprintf("%s@%d[%s]", in.Profile, in.Placement.Start, strings.Join(cis, ",")))
 	}
 

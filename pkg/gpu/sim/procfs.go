@@ -78,10 +78,6 @@ func WriteProcFS(hostRoot string, lib nvml.Interface) error {
 	files["proc/driver/nvidia-caps/mig-minors"] = minors.String()
 
 	for _, g := range gpus {
-		if g.BusID == "" {
-			g.BusID = fmt.Sprintf("00000000:%02X:00.0", 0x10+g.Index)
-		}
-
 		files[filepath.Join("proc/driver/nvidia/gpus", strings.ToLower(g.BusID), "information")] = fmt.Sprintf(
 			"Model: \t\t %s\nIRQ:   \t\t 0\nGPU UUID: \t %s\nVideo BIOS: \t 00.00.00.00.00\nBus Type: \t PCIe\nDMA Size: \t 52 bits\nDMA Mask: \t 0xfffffffffffff\nBus Location: \t %s\nDevice Minor: \t %d\nGPU Excluded:\t No\n",
 			g.Name, g.UUID, g.BusID, g.Minor)
