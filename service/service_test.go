@@ -134,13 +134,21 @@ func TestBrokenSubrootFailsAndChangesNothing(t *testing.T) {
 	assert.Equal(t, 0, o.ExitCode, "exits 0 on SIGTERM, so Talos does not count a failure")
 }
 
-func TestBadConfigurationExitsWithoutChanges(t *testing.T) {
-	o := run(t, scenario{Env: map[string]string{"NVIDIA_DRIVER_PERSISTENCE_MODE": "sometimes"}, Delay: 300 * time.Millisecond})
+// TestBadConfigurationIsReportedAndWaits: a configuration that does not load is reported once,
+// in the log and the status file, and the service then waits for SIGTERM and exits 0 (an
+// exit would be restarted by Talos's `restart: always`, in a loop), having touched nothing.
+func TestBadConfigurationIsReportedAndWaits(t *testing.T) {
+	o := run(t, scenario{Env: map[string]string{"NVIDIA_DRIVER_PERSISTENCE_MODE": "sometimes"}, Until: "failed"})
 
-	assert.NotEqual(t, 0, o.ExitCode)
-	assert.Contains(t, o.Log, `NVIDIA_DRIVER_PERSISTENCE_MODE: "sometimes" is not a boolean`)
+	const want = `NVIDIA_DRIVER_PERSISTENCE_MODE: \"sometimes\" is not a boolean`
+
+	assert.Equal(t, "failed", o.Phase, "still running, and says so: %s", o.Log)
+	assert.Contains(t, o.Message, `NVIDIA_DRIVER_PERSISTENCE_MODE: "sometimes" is not a boolean`)
+	assert.Equal(t, 1, strings.Count(o.Log, want), "reported once:\n%s", o.Log)
+	assert.Equal(t, 0, o.ExitCode, "exits 0 on SIGTERM")
 	assert.False(t, o.Mounted)
 	assert.Empty(t, o.DevEntries)
+	assert.False(t, o.Ready)
 }
 
 // TestSIGTERMDuringBringUp stops the service at many moments of its bring-up: it must exit 0
