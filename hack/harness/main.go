@@ -3,7 +3,8 @@
 // host side saw. It changes nothing on the machine.
 //
 //	go run ./hack/harness [-extension DIR] [-env K=V ...] [-config MOUNTPATH=FILE ...]
-//	                      [-document-after 2s] [-restart] [-override NODEPATH=FILE ...]
+//	                      [-document-after 2s] [-then restart|change|remove] [-then-env K=V ...]
+//	                      [-override NODEPATH=FILE ...]
 //	                      [-until waiting,ready,failed] [-wait 60s] [-hold 3s] [-json]
 //
 // -env and -config make the service's ExtensionServiceConfig; without either the node has
@@ -46,7 +47,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("harness", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 
-	var env, configs, overrides list
+	var env, configs, overrides, thenEnv list
 
 	ext := fs.String("extension", "_out/extensions/nvidia-driver-dev-debian", "assembled extension directory (make extension)")
 	fs.Var(&env, "env", "ExtensionServiceConfig environment entry K=V (repeatable)")
@@ -56,7 +57,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 	hold := fs.Duration("hold", 3*time.Second, "watch the service this long after -until before stopping it")
 	afterReady := fs.String("after-ready", "", "shell command to run while the service is ready (e.g. hack/e2e-workload.sh)")
 	docAfter := fs.Duration("document-after", 0, "boot without the ExtensionServiceConfig and add it this long after the service started")
-	restart := fs.Bool("restart", false, "after the stop, start the service again, wait for -until and stop it again")
+	then := fs.String("then", "", "once -until and -hold are over: restart (stop and start the service), change (apply -then-env as a change of the document) or remove (delete the document); then wait for -until again and stop")
+	fs.Var(&thenEnv, "then-env", "environment of the changed document for -then change (repeatable)")
 	fs.Var(&overrides, "override", "bind LOCALFILE over NODEPATH once the extension is laid: NODEPATH=LOCALFILE (repeatable)")
 	runc := fs.String("runc", "runc", "runc binary")
 	asJSON := fs.Bool("json", false, "print the result as JSON")
@@ -110,7 +112,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 
 	res, err := harness.Run(harness.Options{
 		Extension: *ext, Document: doc, DocumentAfter: *docAfter, Until: strings.Split(*until, ","),
-		Wait: *wait, Hold: *hold, Restart: *restart, Overrides: over, AfterReady: *afterReady,
+		Wait: *wait, Hold: *hold, Then: *then, ThenDocument: &harness.Document{Environment: thenEnv}, Overrides: over, AfterReady: *afterReady,
 		Work: os.Getenv(envInside), Runc: runcPath, Log: stderr,
 	})
 	if err != nil {
@@ -210,13 +212,13 @@ func printSummary(w io.Writer, r harness.Result) {
 	fmt.Fprintf(w, "containers started %d; exited by themselves with codes %v (each restarted after 5 s: restart always)\n", r.Starts, r.Exits)
 	fmt.Fprintf(w, "stop               SIGTERM to every process -> exit %d in %d ms\n", r.ExitCode, r.StopMillis)
 	if r.Second != nil {
-		fmt.Fprintf(w, "started again      %s: %s; socket dir mounts %d; stop: exit %d in %d ms\n",
+		fmt.Fprintf(w, "then               %s: %s; socket dir mounts %d; stop: exit %d in %d ms\n",
 			r.Second.Phase, r.Second.Message, r.Second.SocketDir, r.Second.ExitCode, r.Second.StopMillis)
 	}
 	fmt.Fprintf(w, "talos events:\n  %s\n", strings.Join(r.Events, "\n  "))
 	fmt.Fprintf(w, "log (%d waiting line(s)):\n%s", r.WaitingLogLines, r.Log)
 	if r.Second != nil {
-		fmt.Fprintf(w, "log of the second start:\n%s", r.Second.Log)
+		fmt.Fprintf(w, "log after -then:\n%s", r.Second.Log)
 	}
 }
 

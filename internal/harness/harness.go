@@ -32,9 +32,12 @@ type Options struct {
 	// Wait bounds the wait for Until; Hold is how long to watch the service after it, to see
 	// that it does not exit or repeat itself.
 	Wait, Hold time.Duration
-	// Restart starts the service again after the stop (what a changed document or
-	// `talosctl service ext-nvidia-driver restart` does), waits for Until again and stops it.
-	Restart bool
+	// Then is what happens once the service reached Until and was watched for Hold:
+	// "" stops it; ThenRestart stops and starts it (`talosctl service ext-nvidia-driver
+	// restart`); ThenChange applies ThenDocument as a change of the document; ThenRemove
+	// deletes the document. The last three report the next run in Result.Second, then stop.
+	Then         string
+	ThenDocument *Document
 	// Overrides bind local files over node paths once the extension is laid, e.g. the fake
 	// daemon over the subroot's nvidia-persistenced where no GPU driver can run the real one.
 	Overrides map[string]string
@@ -89,7 +92,7 @@ type Result struct {
 	// the driver root, seen from the host, while ready and after the stop.
 	SocketDir          int `json:"socketDirMounts"`
 	SocketDirAfterStop int `json:"socketDirMountsAfterStop"`
-	// Second is the run after Restart.
+	// Second is the run after Then.
 	Second *Rerun `json:"second,omitempty"`
 }
 
@@ -257,20 +260,24 @@ func Run(o Options) (Result, error) {
 		"/": peerGroup("/"), subrootPath: peerGroup(subrootPath), h.path(driverMount): peerGroup(h.path(driverMount)),
 	}
 
-	if r := node.stop(); r != nil {
+	firstLog, err := then(node, o)
+	if err != nil {
+		return res, err
+	}
+
+	if r := node.lastStopped(); r != nil {
 		res.StopMillis, res.ExitCode = r.stopMillis, r.exitCode
 	}
 
 	res.DriverRootAfter = mountState(h.path(driverMount))
 	res.SocketDirAfterStop = mountCount(filepath.Join(h.path(driverMount), socketDir))
 
-	firstLog, _ := os.ReadFile(logPath) //nolint:errcheck
-
-	if o.Restart {
-		node.start()
-
+	if o.Then != "" {
 		second := &Rerun{}
-		second.Phase, second.Message, _ = h.waitFor(o.Until, o.Wait)
+		if o.Then != ThenRemove {
+			second.Phase, second.Message, _ = h.waitFor(o.Until, o.Wait)
+		}
+
 		second.SocketDir = mountCount(filepath.Join(h.path(driverMount), socketDir))
 
 		if r := node.stop(); r != nil {
@@ -278,7 +285,7 @@ func Run(o Options) (Result, error) {
 		}
 
 		all, _ := os.ReadFile(logPath) //nolint:errcheck
-		second.Log = strings.TrimPrefix(string(all), string(firstLog))
+		second.Log = strings.TrimPrefix(string(all), firstLog)
 		res.Second = second
 	}
 
@@ -291,10 +298,54 @@ func Run(o Options) (Result, error) {
 		res.ExitCode = res.Exits[len(res.Exits)-1]
 	}
 
-	res.Log = string(firstLog)
+	res.Log = firstLog
 	res.WaitingLogLines = strings.Count(res.Log, "phase=waiting")
 
 	return res, nil
+}
+
+// What Options.Then can do.
+const (
+	ThenRestart = "restart"
+	ThenChange  = "change"
+	ThenRemove  = "remove"
+)
+
+// then stops the service as Options.Then says, and starts it again where it says so. It
+// returns the log up to the stop; after it, the node's last stopped run is the first.
+func then(node *talosNode, o Options) (firstLog string, err error) {
+	log := func() string {
+		data, _ := os.ReadFile(node.logFile.Name()) //nolint:errcheck // scratch
+
+		return string(data)
+	}
+
+	switch o.Then {
+	case "":
+		node.stop()
+
+		return log(), nil
+	case ThenRestart:
+		node.stop()
+		firstLog = log()
+		node.start()
+
+		return firstLog, nil
+	case ThenChange, ThenRemove:
+		// The controller stops the service itself; the log up to its restart is the first
+		// run's: the new container appends after it.
+		node.onStop = func() { firstLog = log() }
+
+		if o.Then == ThenRemove {
+			node.removeDocument()
+		} else if err := node.setDocument(o.ThenDocument); err != nil {
+			return "", err
+		}
+
+		return firstLog, nil
+	default:
+		return "", fmt.Errorf("then %q: want %s, %s or %s", o.Then, ThenRestart, ThenChange, ThenRemove)
+	}
 }
 
 // hostView looks at the node under the service's host root.

@@ -220,7 +220,7 @@ func TestTalosStopKeepsTheSocketMount(t *testing.T) {
 	require.NoError(t, err, "%s", out)
 
 	res := run(t, simulated("-override", "/usr/local/glibc/usr/bin/nvidia-persistenced="+fake,
-		"-until", "ready,failed", "-wait", "30s", "-hold", "1s", "-restart")...)
+		"-until", "ready,failed", "-wait", "30s", "-hold", "1s", "-then", "restart")...)
 
 	require.Equal(t, "ready", res.Phase, res.Log)
 	assert.Equal(t, 1, res.SocketDir, "the socket directory is mounted under the driver root, seen from the host")
@@ -235,6 +235,34 @@ func TestTalosStopKeepsTheSocketMount(t *testing.T) {
 	assert.Contains(t, res.Second.Log, "result=reused", "the next start reuses it")
 	assert.Equal(t, 1, res.Second.SocketDir, "reused, not stacked")
 	assert.Equal(t, 0, res.Second.ExitCode)
+}
+
+// TestChangedDocumentRestartsTheService: a change (version 2) stops and starts the service,
+// which comes up with the new settings.
+func TestChangedDocumentRestartsTheService(t *testing.T) {
+	res := run(t, simulated("-env", "NVIDIA_DRIVER_PERSISTENCED=false", "-until", "ready,failed", "-wait", "30s", "-hold", "0s",
+		"-then", "change", "-then-env", "NVIDIA_DRIVER_SIMULATE=h200:1", "-then-env", "NVIDIA_DRIVER_HOST_ROOT=/run/nvidia/sim",
+		"-then-env", "NVIDIA_DRIVER_CDI=false", "-then-env", "NVIDIA_DRIVER_PERSISTENCED=false", "-then-env", "NVIDIA_DRIVER_MIG_LAYOUT=all-1g")...)
+
+	require.Equal(t, "ready", res.Phase, res.Log)
+	assert.NotContains(t, res.Message, "MIG layout")
+	require.NotNil(t, res.Second)
+	assert.Equal(t, "ready", res.Second.Phase, res.Second.Log)
+	assert.Contains(t, res.Second.Message, `MIG layout "all-1g": success`)
+	assert.Equal(t, 2, res.Starts, "%v", res.Events)
+	assert.Contains(t, res.Events, "extension service config changed, restarting")
+}
+
+// TestRemovedDocumentRestartsTheService: removing the document restarts the service, which
+// then waits for a new one; what running containers use stays.
+func TestRemovedDocumentRestartsTheService(t *testing.T) {
+	res := run(t, append(minimal, "-until", "waiting,ready,failed", "-hold", "0s", "-then", "remove")...)
+
+	assert.Equal(t, 1, res.Starts, "restarted, and waiting for a document: %v", res.Events)
+	assert.Contains(t, res.Events, "extension service config changed, restarting")
+	assert.Equal(t, "Waiting for extension service config", res.Events[len(res.Events)-1], "%v", res.Events)
+	assert.Equal(t, 0, res.ExitCode, res.Log)
+	assert.Equal(t, harness.MountState{Mounted: true, ReadOnly: true}, res.DriverRootAfter)
 }
 
 func TestBadConfigurationIsReportedAndChangesNothing(t *testing.T) {

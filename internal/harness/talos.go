@@ -67,6 +67,8 @@ type talosNode struct {
 	version int    // the document's resource version; 0: no document
 	cached  string // the controller's configStatusCache entry for the service
 	current *serviceRun
+	stopped *serviceRun // the last run stopped
+	onStop  func()      // called once the next stop is done
 	starts  int
 	exits   []int // exit codes of containers that exited by themselves
 	events  []string
@@ -189,7 +191,24 @@ func (n *talosNode) stop() *serviceRun {
 	close(r.stop)
 	<-r.done
 
+	n.mu.Lock()
+	n.stopped = r
+	f := n.onStop
+	n.onStop = nil
+	n.mu.Unlock()
+
+	if f != nil {
+		f()
+	}
+
 	return r
+}
+
+func (n *talosNode) lastStopped() *serviceRun {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+
+	return n.stopped
 }
 
 func (n *talosNode) serve(r *serviceRun) {
