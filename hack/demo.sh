@@ -53,7 +53,9 @@ echo "== CDI spec $host/run/cdi/nvidia.yaml, devices:"
 grep -E '^    - name:' "$host/run/cdi/nvidia.yaml" | sed 's/^ *- name: //' | tr -d '"' | fmt -w 100 | sed 's/^/  /' 
 echo "== status ($host/run/nvidia-driver/status.json), GPUs shortened"
 grep -vE '^ {6}"(busId|minor|memoryMiB|index|uuid|layout|changed)"' "$host/run/nvidia-driver/status.json"
-echo "== idle memory of the service after bring-up: $(awk '/VmRSS/{print $2, $3}' /proc/$pid/status)"
+sleep 1
+before=$(grep -o 'rssBeforeKiB=[0-9]*' "$log" | tail -1 | cut -d= -f2)
+echo "== idle RSS of the service, 1 s after ready: $(awk '/VmRSS/{print $2, $3}' /proc/$pid/status) (at ready, before releasing the bring-up's memory: ${before:-?} kB)"
 
 echo
 echo "== stopping with SIGTERM"

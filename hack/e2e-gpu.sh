@@ -126,7 +126,15 @@ result "/run/nvidia/driver mounted read-only" $r
 ls -l /dev/nvidia* | sed 's/^/  /'
 [ -S /run/nvidia/driver/run/nvidia-persistenced/socket ] && r=PASS || r=FAIL
 result "persistenced socket visible under the driver root" $r
-echo "  service RSS after bring-up: $(awk '/VmRSS/{print $2, $3}' /proc/$spid/status)"
+# Idle memory: the service's RSS a second after ready, and, from its own log line, its RSS at
+# ready before it released the bring-up's memory (NVML shut down, Go and C heaps trimmed,
+# file pages paged out): what it kept idle before it did so. Bound: 16 MiB.
+sleep 1
+idle=$(awk '/VmRSS/{print $2}' /proc/$spid/status)
+before=$(grep -o 'rssBeforeKiB=[0-9]*' "$W/service.log" | tail -1 | cut -d= -f2)
+echo "  idle RSS: ${idle} kB (at ready, before releasing the bring-up's memory: ${before:-?} kB)"
+[ -n "$idle" ] && [ "$idle" -le 16384 ] && r=PASS || r=FAIL
+result "idle RSS ${idle} kB <= 16384 kB (16 MiB); before release ${before:-?} kB" $r
 
 # ---- specs -------------------------------------------------------------------------------
 echo "== compare our spec with nvidia-ctk's"
