@@ -71,7 +71,7 @@ type Options struct {
 	// after RestartDelay only, and the backoff starts again (30 s).
 	StableAfter time.Duration
 	// RestartDelay is the least wait before a daemon that died is started
-	// again (1 s). Talos stops a service by signalling every process of its
+	// again (500 ms). Talos stops a service by signalling every process of its
 	// container at once (runner/containerd: task.Kill with WithKillAll), so
 	// the daemon may die a moment before the service's own SIGTERM ends ctx;
 	// within this wait the stop is seen, and nothing is restarted.
@@ -93,7 +93,7 @@ func (o Options) withDefaults() Options {
 	def(&o.BackoffInitial, 200*time.Millisecond)
 	def(&o.BackoffMax, 30*time.Second)
 	def(&o.StableAfter, 30*time.Second)
-	def(&o.RestartDelay, time.Second)
+	def(&o.RestartDelay, 500*time.Millisecond)
 	def(&o.StopGrace, 5*time.Second)
 	def(&o.PollInterval, 10*time.Millisecond)
 	if o.MaxStartFailures <= 0 {
