@@ -30,7 +30,8 @@ import (
 //     missing mount sources 0700, adds the document's files (read-only binds) and
 //     environment, and wraps the container runner in the restart policy.
 //   - pkg/system/runner/restart/restart.go: `restart: always` is Forever: a container that
-//     exits, with any code, is started again after RestartInterval, 5 s.
+//     exits, with any code, is started again after RestartInterval, 5 s (untilSuccess: only
+//     after a non-zero code; never: not at all).
 //   - pkg/system/runner/containerd/containerd.go: stop is task.Kill(SIGTERM, WithKillAll),
 //     a signal to every process of the container at once, then SIGKILL after the graceful
 //     shutdown timeout, 10 s (pkg/system/runner/runner.go).
@@ -234,7 +235,13 @@ func (n *talosNode) serve(r *serviceRun) {
 		n.exits = append(n.exits, code)
 		n.mu.Unlock()
 
-		// restart.go, Forever.
+		// restart.go: never is Once, untilSuccess ends on exit code 0, always is Forever.
+		if n.svc.Restart == services.RestartNever || (n.svc.Restart == services.RestartUntilSuccess && code == 0) {
+			n.event("task exited with code %d; not restarted (restart: %s)", code, n.svc.Restart)
+
+			return
+		}
+
 		n.event("task exited with code %d; restarting in %s (restart: %s)", code, restartInterval, n.svc.Restart)
 
 		select {
