@@ -92,6 +92,8 @@ type Result struct {
 	// the driver root, seen from the host, while ready and after the stop.
 	SocketDir          int `json:"socketDirMounts"`
 	SocketDirAfterStop int `json:"socketDirMountsAfterStop"`
+	// ContainerRun lists /run as the running service sees it.
+	ContainerRun []string `json:"containerRun,omitempty"`
 	// Second is the run after Then.
 	Second *Rerun `json:"second,omitempty"`
 }
@@ -233,6 +235,8 @@ func Run(o Options) (Result, error) {
 		res.Phase, _ = st["phase"].(string)     //nolint:errcheck
 		res.Message, _ = st["message"].(string) //nolint:errcheck
 	}
+
+	res.ContainerRun = node.containerRun()
 
 	if o.AfterReady != "" && res.Phase == "ready" {
 		cmd := exec.Command("bash", "-c", o.AfterReady)
@@ -431,6 +435,12 @@ func layExtension(work, rootfs string) error {
 	// relatime, mode 0755; shared, as every mount made under its shared root is.
 	if err := unix.Mount("tmpfs", "/run", "tmpfs", unix.MS_NOSUID|unix.MS_NOEXEC|unix.MS_RELATIME, "mode=0755"); err != nil {
 		return fmt.Errorf("mounting a throwaway /run: %w", err)
+	}
+
+	// What else a node keeps there, which the service has no business seeing: containerd's
+	// socket directory (Talos's system containerd is under /run/containerd).
+	if err := os.MkdirAll("/run/containerd", 0o711); err != nil {
+		return err
 	}
 
 	return throwawayDev(work)

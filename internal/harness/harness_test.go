@@ -163,6 +163,8 @@ func TestServiceWaitsForTheDriverAndStopsCleanly(t *testing.T) {
 
 	assert.Equal(t, 0, res.ExitCode, res.Log)
 	assert.Less(t, res.StopMillis, int64(10000), "inside Talos's 10 s grace")
+	assert.Equal(t, []string{"cdi", "nvidia", "nvidia-driver", "nvidia-fabricmanager", "nvidia-persistenced"}, res.ContainerRun,
+		"of the host's /run the service sees only what it uses")
 	assert.False(t, res.CDISpec)
 	assert.NotContains(t, res.DevEntries, "nvidiactl")
 	t.Logf("status after %d ms; SIGTERM to exit: %d ms", res.StartMillis, res.StopMillis)

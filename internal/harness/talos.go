@@ -1,6 +1,7 @@
 package harness
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -361,6 +362,24 @@ func (n *talosNode) runContainer(r *serviceRun) (exited bool, code int, err erro
 	r.exitCode = exitCode(werr)
 
 	return false, r.exitCode, nil
+}
+
+// containerRun lists /run inside the running container, through its init's root.
+func (n *talosNode) containerRun() []string {
+	out, err := exec.Command(n.runc, "--root", filepath.Join(n.work, "runc"), "state", runcID).Output()
+	if err != nil {
+		return nil
+	}
+
+	var st struct {
+		Pid int `json:"pid"`
+	}
+
+	if err := json.Unmarshal(out, &st); err != nil || st.Pid == 0 {
+		return nil
+	}
+
+	return dirNames(fmt.Sprintf("/proc/%d/root/run", st.Pid))
 }
 
 func (n *talosNode) configBase() string {
