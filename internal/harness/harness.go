@@ -174,7 +174,11 @@ func Run(o Options) (Result, error) {
 		return res, err
 	}
 
-	spec, err := Spec(svc, ServiceConfig{}, "/nvidia-driver-harness/"+svc.Name)
+	// Talos's cgroup is /system/extensions/<name>. One per run here: `runc kill --all`
+	// signals every process in the container's cgroup, so two runs at once must not share it.
+	cgroup := "/nvidia-driver-harness/" + svc.Name + "-" + filepath.Base(o.Work)
+
+	spec, err := Spec(svc, ServiceConfig{}, cgroup)
 	if err != nil {
 		return res, err
 	}
@@ -196,7 +200,7 @@ func Run(o Options) (Result, error) {
 	}
 	defer logFile.Close() //nolint:errcheck
 
-	node := &talosNode{svc: svc, runc: o.Runc, work: o.Work, log: o.Log, logFile: logFile, cfgGroup: "/nvidia-driver-harness/" + svc.Name}
+	node := &talosNode{svc: svc, runc: o.Runc, work: o.Work, log: o.Log, logFile: logFile, cfgGroup: cgroup}
 
 	fmt.Fprintf(o.Log, "harness: starting %s with runc (rootfs %s, propagation %q, %d capabilities, seccomp %d syscalls)\n",
 		res.Service, ctrRoot, res.RootfsPropagates, res.CapabilityCount, res.SeccompSyscalls)
