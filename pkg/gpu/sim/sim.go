@@ -71,6 +71,7 @@ type Node struct {
 	faults        []*Fault
 	calls         map[string]int
 	initCount     int
+	fabric        *fabric
 	DriverVersion string
 	CudaVersion   int
 }

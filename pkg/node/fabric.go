@@ -1,0 +1,304 @@
+package node
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/talos-nvidia/nvidia-driver/pkg/daemons"
+	"github.com/talos-nvidia/nvidia-driver/pkg/gpu"
+	"github.com/talos-nvidia/nvidia-driver/pkg/nvswitch"
+)
+
+// States of the NVLink fabric on an NVSwitch board.
+const (
+	// FabricRegistered: every GPU that reports a fabric registered with it, or, where NVML
+	// reports none (GPUs before Hopper), our fabric manager is ready.
+	FabricRegistered = "registered"
+	// FabricWaiting: GPUs are still registering.
+	FabricWaiting = "waiting"
+	// FabricDegraded: the GPUs are served, but some cannot use the fabric (or CUDA at all,
+	// on Hopper and later) until what the message names is fixed.
+	FabricDegraded = "degraded"
+)
+
+// FabricStatus is the NVSwitch part of the status; absent on a board without NVSwitches.
+type FabricStatus struct {
+	State   string         `json:"state"`
+	Message string         `json:"message"`
+	Board   nvswitch.Board `json:"board"`
+	// Manager is our nv-fabricmanager's supervision state ("ready", "restarting", "failed"),
+	// "foreign" where another fabric manager runs, or "" where none was started.
+	Manager string            `json:"manager,omitempty"`
+	GPUs    []gpu.FabricState `json:"gpus,omitempty"`
+}
+
+// fabricJob is the runner's NVSwitch job: the fabric manager it supervises, if any.
+type fabricJob struct {
+	sup  *daemons.Supervisor
+	done chan struct{}
+}
+
+// bringUpFabric runs the NVSwitch job: on a board with NVSwitches it starts and supervises
+// nv-fabricmanager and waits, bounded, until NVML says the GPUs registered with the fabric.
+// Nothing here stops the bring-up: where the fabric manager cannot run, the GPUs are still
+// served and the status says why.
+func (r *Runner) bringUpFabric(ctx context.Context) {
+	board, err := nvswitch.Detect(r.cfg.HostRoot)
+	if err != nil {
+		r.log.Warn("cannot read the whole NVSwitch board; going on with what was read", "error", err)
+	}
+
+	if !board.HasNVSwitch() {
+		return
+	}
+
+	r.log.Info("NVSwitch board", "board", board.String(), "pci", board.PCI, "driver", board.Driver, "nvlink5", board.NVLink5)
+
+	st := &FabricStatus{Board: board}
+	notRun, foreign := r.startFabricManager(ctx, board)
+
+	switch {
+	case foreign != nil:
+		st.Manager = "foreign"
+	case r.fabric.sup != nil:
+		st.Manager = string(r.fabric.sup.Status().State)
+	}
+
+	r.setFabric(st)
+
+	// Where nothing registers the GPUs (no fabric manager of ours, none foreign), waiting
+	// cannot help: say so once. A foreign one may still be at work: wait for it.
+	bound := r.cfg.FabricWait
+	if notRun != "" && foreign == nil {
+		bound = 0
+	}
+
+	r.waitFabric(ctx, st, notRun, bound)
+}
+
+// startFabricManager starts our nv-fabricmanager where it can run and waits until it is
+// ready. It returns why none of ours runs ("" when it does), and the foreign fabric manager
+// found instead, if any.
+func (r *Runner) startFabricManager(ctx context.Context, board nvswitch.Board) (notRun string, foreign *daemons.ForeignDaemonError) {
+	switch {
+	case len(board.Driver) == 0 && len(board.NVLink5) > 0:
+		return fmt.Sprintf("an NVLink 5 board (NVSwitches behind the ConnectX-7 management ports %s) needs nv-fabricmanager with NVLSM, which this service does not run",
+			strings.Join(board.NVLink5, ", ")), nil
+	case len(board.Driver) == 0:
+		return fmt.Sprintf("NVSwitch PCI functions %s are present but the nvidia-nvswitch driver initialized none of them "+
+			"(GPUs passed through to a VM without the board's NVSwitch topology?): no fabric manager can run", strings.Join(board.PCI, ", ")), nil
+	case !r.cfg.FabricManager:
+		return "running nv-fabricmanager is turned off (NVIDIA_DRIVER_FABRIC_MANAGER=false)", nil
+	}
+
+	spec, err := daemons.FabricManager(daemons.FabricManagerOptions{
+		DriverRoot: r.cfg.Subroot,
+		RunDir:     r.cfg.Host(daemons.FabricManagerRunDir),
+		MirrorDir:  filepath.Join(r.cfg.DriverMount(), "run/nvidia-fabricmanager"),
+	})
+	if err != nil {
+		// NVIDIA ships the fabric manager apart from the driver
+		// (fabricmanager-linux-x86_64-<version>-archive.tar.xz).
+		return fmt.Sprintf("nv-fabricmanager cannot be started from the subroot (the fabric manager archive is not in it?): %v", err), nil
+	}
+
+	sup := daemons.New(r.log, spec, daemons.Options{})
+	r.fabric = fabricJob{sup: sup, done: make(chan struct{})}
+
+	go func() {
+		defer close(r.fabric.done)
+
+		if err := sup.Run(ctx); err != nil {
+			r.log.Error("nv-fabricmanager supervision ended", "error", err)
+		}
+	}()
+
+	if err := sup.WaitReady(ctx); err != nil {
+		if errors.As(err, &foreign) {
+			return err.Error(), foreign
+		}
+
+		return err.Error(), nil
+	}
+
+	return "", nil
+}
+
+// waitFabric reads the GPUs' fabric registration until it is complete or bound has passed,
+// reporting each distinct wait once, and records the outcome.
+func (r *Runner) waitFabric(ctx context.Context, st *FabricStatus, notRun string, bound time.Duration) {
+	deadline := time.Now().Add(bound)
+	delay := r.wait.Initial
+	last := ""
+
+	for {
+		states, err := r.fabricStates()
+		pending, failed := fabricSummary(states)
+
+		switch {
+		case err == nil && len(pending) == 0:
+			st.GPUs = states
+			st.State, st.Message = r.fabricOutcome(states, failed, notRun)
+			r.setFabric(st)
+
+			return
+		case ctx.Err() != nil:
+			return
+		case time.Now().After(deadline):
+			st.GPUs = states
+			st.State = FabricDegraded
+			st.Message = fabricNotDone(err, pending, notRun, bound)
+			r.setFabric(st)
+
+			return
+		}
+
+		msg := fabricNotDone(err, pending, notRun, 0)
+		if msg != last {
+			st.GPUs, st.State, st.Message = states, FabricWaiting, msg
+			r.setFabric(st)
+			r.report(PhaseWaiting, fmt.Sprintf("waiting for the NVLink fabric: %s", msg))
+			last = msg
+		}
+
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(min(delay, time.Until(deadline)+time.Millisecond)):
+		}
+
+		delay = min(delay*2, r.wait.Max)
+	}
+}
+
+func (r *Runner) fabricStates() ([]gpu.FabricState, error) {
+	if err := gpu.Init(r.nvml); err != nil {
+		return nil, err
+	}
+
+	defer r.nvml.Shutdown() //nolint:errcheck // nothing to do about it
+
+	return gpu.Fabric(r.nvml)
+}
+
+// fabricSummary lists the GPUs still registering and those whose registration failed.
+func fabricSummary(states []gpu.FabricState) (pending, failed []gpu.FabricState) {
+	for _, s := range states {
+		switch {
+		case s.State == gpu.FabricNotStarted || s.State == gpu.FabricInProgress:
+			pending = append(pending, s)
+		case s.State == gpu.FabricCompleted && !s.Registered():
+			failed = append(failed, s)
+		}
+	}
+
+	return pending, failed
+}
+
+// fabricOutcome judges a fabric whose GPUs are done registering.
+func (r *Runner) fabricOutcome(states, failed []gpu.FabricState, notRun string) (string, string) {
+	if len(failed) > 0 {
+		var parts []string
+		for _, f := range failed {
+			parts = append(parts, fmt.Sprintf("GPU %d: %s", f.Index, f.Error))
+		}
+
+		return FabricDegraded, fmt.Sprintf("fabric registration failed (%s): these GPUs work without NVLink peer-to-peer", strings.Join(parts, "; "))
+	}
+
+	registered := 0
+
+	for _, s := range states {
+		if s.Registered() {
+			registered++
+		}
+	}
+
+	switch {
+	case registered > 0 && notRun == "":
+		return FabricRegistered, fmt.Sprintf("%d GPU(s) registered with the NVLink fabric by nv-fabricmanager", registered)
+	case registered > 0:
+		return FabricRegistered, fmt.Sprintf("%d GPU(s) registered with the NVLink fabric; %s", registered, notRun)
+	case notRun == "":
+		return FabricRegistered, "nv-fabricmanager is ready; NVML reports no fabric registration for these GPUs (before Hopper)"
+	default:
+		return FabricDegraded, notRun + "; NVML reports no fabric registration for these GPUs"
+	}
+}
+
+// fabricNotDone says why the fabric is not complete: the GPUs still registering and, where
+// it applies, why no fabric manager of ours runs.
+func fabricNotDone(err error, pending []gpu.FabricState, notRun string, bound time.Duration) string {
+	var msg string
+
+	if err != nil {
+		msg = fmt.Sprintf("cannot read the GPUs' fabric registration: %v", err)
+	} else {
+		byState := map[string][]string{}
+		for _, p := range pending {
+			byState[p.State] = append(byState[p.State], fmt.Sprint(p.Index))
+		}
+
+		var parts []string
+		for _, s := range []string{gpu.FabricNotStarted, gpu.FabricInProgress} {
+			if ids := byState[s]; len(ids) > 0 {
+				parts = append(parts, fmt.Sprintf("GPU %s %s", strings.Join(ids, ","), s))
+			}
+		}
+
+		msg = "fabric registration: " + strings.Join(parts, ", ")
+		if bound > 0 {
+			msg += fmt.Sprintf(" after %s", bound)
+		}
+
+		msg += " (CUDA fails on these GPUs with cudaErrorSystemNotReady until they register)"
+	}
+
+	if notRun != "" {
+		msg += "; " + notRun
+	}
+
+	return msg
+}
+
+func (r *Runner) setFabric(st *FabricStatus) {
+	cp := *st
+	if r.fabric.sup != nil && cp.Manager != "foreign" {
+		cp.Manager = string(r.fabric.sup.Status().State)
+	}
+
+	r.status.update(func(s *Status) { s.Fabric = &cp }) //nolint:errcheck // reported by report()
+}
+
+// fabricPhase turns a ready node into a degraded one when its fabric is not complete, and
+// adds the fabric to the message.
+func (r *Runner) fabricPhase(phase, msg string) (string, string) {
+	st := r.status.get().Fabric
+	if st == nil {
+		return phase, msg
+	}
+
+	if st.State != FabricRegistered {
+		return PhaseDegraded, fmt.Sprintf("%s; NVLink fabric %s: %s", strings.Replace(msg, "node ready", "node degraded", 1), st.State, st.Message)
+	}
+
+	return phase, fmt.Sprintf("%s, NVLink fabric: %s", msg, st.Message)
+}
+
+// stopFabric waits for our fabric manager's supervisor, which stops the daemon when the
+// runner's context ends, within Talos's stop budget.
+func (r *Runner) stopFabric() {
+	if r.fabric.done == nil {
+		return
+	}
+
+	select {
+	case <-r.fabric.done:
+	case <-time.After(9 * time.Second):
+		r.log.Error("nv-fabricmanager did not stop in time")
+	}
+}
