@@ -95,6 +95,17 @@ func (r *Runner) startFabricManager(ctx context.Context, board nvswitch.Board) (
 		return "running nv-fabricmanager is turned off (NVIDIA_DRIVER_FABRIC_MANAGER=false)", nil
 	}
 
+	// Hopper and later: GPUs that registered already were registered by a fabric manager
+	// that runs or ran before this service (one run on the host or by another extension, or
+	// ours before a restart of the service). NVIDIA documents that a fabric manager restart
+	// on HGX H100 and later needs the GPUs reset first ("Initializing NVSwitch and NVLink");
+	// this service never resets GPUs, so it leaves such a fabric alone.
+	if states, err := r.fabricStates(); err == nil && allRegistered(states) {
+		return "the GPUs were already registered with the NVLink fabric when the service started " +
+			"(by a fabric manager it did not start, or its own before a restart): not starting another, " +
+			"which NVIDIA documents to need a GPU reset first on HGX H100 and later", nil
+	}
+
 	spec, err := daemons.FabricManager(daemons.FabricManagerOptions{
 		DriverRoot: r.cfg.Subroot,
 		RunDir:     r.cfg.Host(daemons.FabricManagerRunDir),
@@ -183,6 +194,22 @@ func (r *Runner) fabricStates() ([]gpu.FabricState, error) {
 	defer r.nvml.Shutdown() //nolint:errcheck // nothing to do about it
 
 	return gpu.Fabric(r.nvml)
+}
+
+// allRegistered says whether the GPUs report a fabric and every one of them registered.
+func allRegistered(states []gpu.FabricState) bool {
+	registered := 0
+
+	for _, s := range states {
+		switch {
+		case s.Registered():
+			registered++
+		case s.State != gpu.FabricNotSupported:
+			return false
+		}
+	}
+
+	return registered > 0
 }
 
 // fabricSummary lists the GPUs still registering and those whose registration failed.

@@ -52,6 +52,7 @@ type boardOptions struct {
 	mode       string // the fake fabric manager's FAKEDAEMON_MODE
 	noBinary   bool   // the subroot ships no nv-fabricmanager
 	foreignAPI bool   // a foreign fabric manager answers on the API TCP port
+	registered bool   // the GPUs are registered with the fabric before the service starts
 }
 
 func newBoard(t *testing.T, o boardOptions) *board {
@@ -87,8 +88,8 @@ func newBoard(t *testing.T, o boardOptions) *board {
 
 	b.gpus = sim.New(testutil.Model(t, "h200"), 8)
 	b.gpus.SetFabric(sim.Fabric{RegisterAfter: 300 * time.Millisecond, Manager: func() bool {
-		if o.foreignAPI {
-			return true // the foreign fabric manager does the job
+		if o.foreignAPI || o.registered {
+			return true // a foreign fabric manager does, or did, the job
 		}
 
 		c, err := net.Dial("unix", filepath.Join(b.host, "var/run/nvidia-fabricmanager/socket"))
@@ -100,6 +101,11 @@ func newBoard(t *testing.T, o boardOptions) *board {
 	}})
 
 	require.Equal(t, nvml.SUCCESS, b.gpus.Init())
+	if o.registered {
+		b.gpus.SetFabric(sim.Fabric{Manager: func() bool { return true }})
+		_, err := gpu.Fabric(b.gpus)
+		require.NoError(t, err)
+	}
 	require.NoError(t, sim.WriteProcFS(b.host, b.gpus))
 	require.Equal(t, nvml.SUCCESS, b.gpus.Shutdown())
 	if o.switches.Switches > 0 {
@@ -318,6 +324,8 @@ func TestFabricManagerCannotRun(t *testing.T) {
 			node.PhaseDegraded, "lacks usr/bin/nv-fabricmanager", 0, ""},
 		{"a foreign fabric manager runs", boardOptions{switches: sim.Board{Switches: 4}, mode: "ok", foreignAPI: true},
 			node.PhaseReady, "leaving it alone", 0, "foreign"},
+		{"the GPUs were registered before the service started", boardOptions{switches: sim.Board{Switches: 4}, mode: "ok", registered: true},
+			node.PhaseReady, "already registered with the NVLink fabric", 0, ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			b := newBoard(t, tc.opts)
