@@ -143,6 +143,13 @@ func (s *Supervisor) Ready() <-chan struct{} { return s.ready }
 // Done is closed when Run has returned.
 func (s *Supervisor) Done() <-chan struct{} { return s.done }
 
+// Changed returns a channel that is closed at the next change of the status.
+func (s *Supervisor) Changed() <-chan struct{} {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.changed
+}
+
 // Status returns a snapshot.
 func (s *Supervisor) Status() Status {
 	s.mu.Lock()

@@ -2,6 +2,7 @@ package node
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"path/filepath"
@@ -9,6 +10,7 @@ import (
 	"time"
 
 	"github.com/talos-nvidia/nvidia-driver/pkg/daemons"
+	"github.com/talos-nvidia/nvidia-driver/pkg/driverroot"
 	"github.com/talos-nvidia/nvidia-driver/pkg/gpu"
 	"github.com/talos-nvidia/nvidia-driver/pkg/nvswitch"
 )
@@ -36,10 +38,13 @@ type FabricStatus struct {
 	GPUs    []gpu.FabricState `json:"gpus,omitempty"`
 }
 
-// fabricJob is the runner's NVSwitch job: the fabric manager it supervises, if any.
+// fabricJob is the runner's NVSwitch job: the fabric manager it supervises, if any, and
+// the watch that keeps the status current after bring-up.
 type fabricJob struct {
-	sup  *daemons.Supervisor
-	done chan struct{}
+	sup       *daemons.Supervisor
+	done      chan struct{}
+	watchDone chan struct{}
+	notRun    string // why no fabric manager of ours runs, "" when one does
 }
 
 // bringUpFabric runs the NVSwitch job: on a board with NVSwitches it starts and supervises
@@ -60,6 +65,7 @@ func (r *Runner) bringUpFabric(ctx context.Context) {
 
 	st := &FabricStatus{Board: board}
 	notRun, foreign := r.startFabricManager(ctx, board)
+	r.fabric.notRun = notRun
 
 	switch {
 	case foreign != nil:
@@ -316,9 +322,89 @@ func (r *Runner) fabricPhase(phase, msg string) (string, string) {
 	return phase, fmt.Sprintf("%s, NVLink fabric: %s", msg, st.Message)
 }
 
+// watchFabric keeps the fabric's status current once the node is up: our fabric manager's
+// supervision state as it changes, and, while the fabric is not complete, the GPUs'
+// registration, read with backoff; when it completes, the node becomes ready.
+func (r *Runner) watchFabric(ctx context.Context) {
+	st := r.status.get().Fabric
+	if st == nil {
+		return
+	}
+
+	r.fabric.watchDone = make(chan struct{})
+
+	go func() {
+		defer close(r.fabric.watchDone)
+
+		delay := r.wait.Initial
+
+		for {
+			registered := st.State == FabricRegistered
+			if registered && r.fabric.sup == nil {
+				return // nothing left to watch
+			}
+
+			var changed <-chan struct{}
+			if r.fabric.sup != nil {
+				changed = r.fabric.sup.Changed()
+			}
+
+			var poll <-chan time.Time
+			if !registered {
+				poll = time.After(delay)
+			}
+
+			select {
+			case <-ctx.Done():
+				return
+			case <-changed:
+			case <-poll:
+				delay = min(delay*2, r.wait.Max)
+			}
+
+			cur := *st
+			if !registered {
+				if states, err := r.fabricStates(); err == nil {
+					if pending, failed := fabricSummary(states); len(pending) == 0 {
+						cur.GPUs = states
+						cur.State, cur.Message = r.fabricOutcome(states, failed, r.fabric.notRun)
+					}
+				}
+			}
+
+			r.setFabric(&cur)
+
+			if cur.State == FabricRegistered && !registered {
+				r.fabricReady()
+			}
+
+			st = &cur
+		}
+	}()
+}
+
+// fabricReady reports a degraded node ready once its fabric completed.
+func (r *Runner) fabricReady() {
+	summary, err := json.MarshalIndent(r.readiness(), "", "  ")
+	if err == nil {
+		err = driverroot.MarkReady(r.cfg.ValidationsDir(), append(summary, '\n'))
+	}
+
+	if err != nil {
+		r.log.Error("cannot update the readiness files", "error", err)
+	}
+
+	st := r.status.get()
+	r.report(PhaseReady, fmt.Sprintf("node ready: %d GPU(s), driver %s, NVLink fabric: %s", len(st.GPUs), st.DriverVersion, st.Fabric.Message))
+}
+
 // stopFabric waits for our fabric manager's supervisor, which stops the daemon when the
 // runner's context ends, within Talos's stop budget.
 func (r *Runner) stopFabric() {
+	if r.fabric.watchDone != nil {
+		<-r.fabric.watchDone
+	}
+
 	if r.fabric.done == nil {
 		return
 	}

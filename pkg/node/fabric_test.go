@@ -53,6 +53,8 @@ type boardOptions struct {
 	noBinary   bool   // the subroot ships no nv-fabricmanager
 	foreignAPI bool   // a foreign fabric manager answers on the API TCP port
 	registered bool   // the GPUs are registered with the fabric before the service starts
+	// registerAfter is how long the GPUs take to register once a fabric manager runs (300 ms).
+	registerAfter time.Duration
 }
 
 func newBoard(t *testing.T, o boardOptions) *board {
@@ -87,7 +89,11 @@ func newBoard(t *testing.T, o boardOptions) *board {
 	b.subroot = overlaySubroot(t, dir, o.noBinary, b.apiPort)
 
 	b.gpus = sim.New(testutil.Model(t, "h200"), 8)
-	b.gpus.SetFabric(sim.Fabric{RegisterAfter: 300 * time.Millisecond, Manager: func() bool {
+	if o.registerAfter == 0 {
+		o.registerAfter = 300 * time.Millisecond
+	}
+
+	b.gpus.SetFabric(sim.Fabric{RegisterAfter: o.registerAfter, Manager: func() bool {
 		if o.foreignAPI || o.registered {
 			return true // a foreign fabric manager does, or did, the job
 		}
@@ -300,6 +306,12 @@ func TestFabricManagerOnNVSwitchBoard(t *testing.T) {
 	assert.Equal(t, 2, b.starts(t))
 	assert.Contains(t, run.logs.String(), "daemon died; restarting")
 
+	// The status follows the supervision: restarting, then ready again.
+	for run.r.Status().Fabric.Manager != "ready" {
+		require.True(t, time.Now().Before(deadline), "status says %q", run.r.Status().Fabric.Manager)
+		time.Sleep(10 * time.Millisecond)
+	}
+
 	run.stop()
 	assert.Zero(t, b.fabricManagerPID(t), "stopped with the service")
 }
@@ -365,4 +377,36 @@ func TestNoNVSwitchNoFabricManager(t *testing.T) {
 	assert.Zero(t, b.starts(t))
 	assert.NoDirExists(t, filepath.Join(b.host, "var/run/nvidia-fabricmanager"))
 	assert.NoFileExists(t, filepath.Join(b.host, "dev/nvidia-nvswitchctl"))
+}
+
+// TestFabricCompletesAfterTheWait: a fabric slower than the bounded wait leaves the node
+// degraded, saying which GPUs are still registering; the service keeps watching and reports
+// the node ready, with its readiness file updated, once they have registered.
+func TestFabricCompletesAfterTheWait(t *testing.T) {
+	b := newBoard(t, boardOptions{switches: sim.Board{Switches: 4}, mode: "ok", registerAfter: 1500 * time.Millisecond})
+	run := b.run(t, "NVIDIA_DRIVER_FABRIC_WAIT=300ms")
+	st := run.r.Status()
+
+	require.Equal(t, node.PhaseDegraded, st.Phase, "%v\n%s", run.phases, run.logs)
+	assert.Contains(t, st.Message, "GPU 0,1,2,3,4,5,6,7 in-progress after 300ms")
+
+	ready := filepath.Join(b.host, "run/nvidia/validations/nvidia-driver.ready")
+	summary, err := os.ReadFile(ready)
+	require.NoError(t, err)
+	assert.Contains(t, string(summary), `"fabric": "degraded"`)
+
+	deadline := time.Now().Add(10 * time.Second)
+	for run.r.Status().Phase != node.PhaseReady {
+		require.True(t, time.Now().Before(deadline), "never ready: %s\n%s", run.r.Status().Message, run.logs)
+		time.Sleep(10 * time.Millisecond)
+	}
+
+	st = run.r.Status()
+	assert.Contains(t, st.Message, "NVLink fabric: 8 GPU(s) registered")
+	assert.Equal(t, node.FabricRegistered, st.Fabric.State)
+
+	summary, err = os.ReadFile(ready)
+	require.NoError(t, err)
+	assert.Contains(t, string(summary), `"fabric": "registered"`)
+	assert.Equal(t, 1, b.starts(t))
 }

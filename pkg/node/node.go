@@ -226,6 +226,7 @@ func (r *Runner) bringUp(ctx context.Context) error {
 	}
 
 	r.report(r.fabricPhase(PhaseReady, msg))
+	r.watchFabric(ctx)
 
 	return nil
 }
