@@ -339,31 +339,14 @@ func (r *Runner) watchFabric(ctx context.Context) {
 		delay := r.wait.Initial
 
 		for {
-			registered := st.State == FabricRegistered
-			if registered && r.fabric.sup == nil {
-				return // nothing left to watch
-			}
-
+			// Taken before the status is read, so that no change between the two is missed.
 			var changed <-chan struct{}
 			if r.fabric.sup != nil {
 				changed = r.fabric.sup.Changed()
 			}
 
-			var poll <-chan time.Time
-			if !registered {
-				poll = time.After(delay)
-			}
-
-			select {
-			case <-ctx.Done():
-				return
-			case <-changed:
-			case <-poll:
-				delay = min(delay*2, r.wait.Max)
-			}
-
 			cur := *st
-			if !registered {
+			if cur.State != FabricRegistered {
 				if states, err := r.fabricStates(); err == nil {
 					if pending, failed := fabricSummary(states); len(pending) == 0 {
 						cur.GPUs = states
@@ -374,11 +357,28 @@ func (r *Runner) watchFabric(ctx context.Context) {
 
 			r.setFabric(&cur)
 
-			if cur.State == FabricRegistered && !registered {
+			if cur.State == FabricRegistered && st.State != FabricRegistered {
 				r.fabricReady()
 			}
 
 			st = &cur
+
+			var poll <-chan time.Time
+
+			switch {
+			case cur.State != FabricRegistered:
+				poll = time.After(delay)
+				delay = min(delay*2, r.wait.Max)
+			case r.fabric.sup == nil:
+				return // nothing left to watch
+			}
+
+			select {
+			case <-ctx.Done():
+				return
+			case <-changed:
+			case <-poll:
+			}
 		}
 	}()
 }

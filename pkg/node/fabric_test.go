@@ -281,6 +281,11 @@ func TestFabricManagerOnNVSwitchBoard(t *testing.T) {
 	}
 
 	assert.True(t, waited, "phases: %v", run.phases)
+	// report() writes the status before it logs.
+	for i := 0; i < 100 && !strings.Contains(run.logs.String(), "node ready"); i++ {
+		time.Sleep(5 * time.Millisecond)
+	}
+
 	assert.Less(t, strings.Index(run.logs.String(), "msg=ready daemon=nv-fabricmanager"), strings.Index(run.logs.String(), "node ready"))
 
 	// What the fabric manager needs is in place: its nodes (the fake checks them too) and
