@@ -115,23 +115,26 @@ func TestFabricManagerCannotRun(t *testing.T) {
 		cannotRun  bool
 	}{
 		{"nothing-to-do", "NV_WARN_NOTHING_TO_DO", 1, true},
+		{"late-nothing-to-do", "NV_WARN_NOTHING_TO_DO", 1, true},
 		{"bad-config", "has an invalid value", 1, true},
 		{"fail", "never became ready: giving up after 3 failed starts", 3, false},
 	} {
 		t.Run(tc.mode, func(t *testing.T) {
 			f := newFMFixture(t, tc.mode, freePort(t))
 			s, _ := f.run(t, daemons.Options{BackoffInitial: time.Millisecond, MaxStartFailures: 3})
-			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-			defer cancel()
-			err := s.WaitReady(ctx)
+			select {
+			case <-s.Done():
+			case <-time.After(10 * time.Second):
+				t.Fatal("the supervisor did not give up")
+			}
+			err := s.WaitReady(context.Background()) // Run's error, now that it has returned
 			require.ErrorContains(t, err, tc.want)
-			<-s.Done()
 
 			var cr *daemons.CannotRunError
 			assert.Equal(t, tc.cannotRun, errors.As(err, &cr))
 			assert.Equal(t, daemons.StateFailed, s.Status().State)
 			assert.Equal(t, tc.starts, f.starts(t))
-			assert.Contains(t, s.Status().LastError, "exited with status 1")
+			assert.Contains(t, s.Status().LastError, "status 1")
 		})
 	}
 }

@@ -327,6 +327,15 @@ func (s *Supervisor) Run(ctx context.Context) (err error) {
 				backoff = s.nextBackoff(backoff)
 			}
 			derr := fmt.Errorf("%s (pid %d) died after %s: %s", s.spec.Name, p.pid, up.Round(time.Millisecond), how)
+			// A daemon that was ready a moment can still die of what no restart fixes.
+			if s.spec.NoRetry != nil {
+				if reason := s.spec.NoRetry(derr.Error()); reason != "" {
+					err := &CannotRunError{Name: s.spec.Name, Reason: reason, Err: derr}
+					s.setState(StateFailed, 0, err)
+					s.log.Error("giving up", "error", err)
+					return err
+				}
+			}
 			s.update(func(st *Status) { st.Restarts++ })
 			s.setState(StateRestarting, 0, derr)
 			s.log.Warn("daemon died; restarting", "error", derr, "backoff", backoff)

@@ -27,8 +27,8 @@ const (
 	FabricDegraded = "degraded"
 )
 
-// FabricStatus is the NVSwitch part of the status; absent on a board without NVSwitches.
-type FabricStatus struct {
+// Fabric is the NVSwitch part of the status; absent on a board without NVSwitches.
+type Fabric struct {
 	State   string         `json:"state"`
 	Message string         `json:"message"`
 	Board   nvswitch.Board `json:"board"`
@@ -63,7 +63,7 @@ func (r *Runner) bringUpFabric(ctx context.Context) {
 
 	r.log.Info("NVSwitch board", "board", board.String(), "pci", board.PCI, "driver", board.Driver, "nvlink5", board.NVLink5)
 
-	st := &FabricStatus{Board: board}
+	st := &Fabric{Board: board}
 	notRun, foreign := r.startFabricManager(ctx, board)
 	r.fabric.notRun = notRun
 
@@ -123,11 +123,14 @@ func (r *Runner) startFabricManager(ctx context.Context, board nvswitch.Board) (
 		return fmt.Sprintf("nv-fabricmanager cannot be started from the subroot (the fabric manager archive is not in it?): %v", err), nil
 	}
 
-	sup := daemons.New(r.log, spec, daemons.Options{})
-	r.fabric = fabricJob{sup: sup, done: make(chan struct{})}
+	// Ready is when its API socket answers, which may be after it has set the fabric up:
+	// give a start as long as NVIDIA's nvidia-fabricmanager.service does (the wait's bound).
+	sup := daemons.New(r.log, spec, daemons.Options{StartTimeout: r.cfg.FabricWait})
+	done := make(chan struct{})
+	r.fabric = fabricJob{sup: sup, done: done}
 
 	go func() {
-		defer close(r.fabric.done)
+		defer close(done)
 
 		if err := sup.Run(ctx); err != nil {
 			r.log.Error("nv-fabricmanager supervision ended", "error", err)
@@ -147,7 +150,7 @@ func (r *Runner) startFabricManager(ctx context.Context, board nvswitch.Board) (
 
 // waitFabric reads the GPUs' fabric registration until it is complete or bound has passed,
 // reporting each distinct wait once, and records the outcome.
-func (r *Runner) waitFabric(ctx context.Context, st *FabricStatus, notRun string, bound time.Duration) {
+func (r *Runner) waitFabric(ctx context.Context, st *Fabric, notRun string, bound time.Duration) {
 	deadline := time.Now().Add(bound)
 	delay := r.wait.Initial
 	last := ""
@@ -298,7 +301,7 @@ func fabricNotDone(err error, pending []gpu.FabricState, notRun string, bound ti
 	return msg
 }
 
-func (r *Runner) setFabric(st *FabricStatus) {
+func (r *Runner) setFabric(st *Fabric) {
 	cp := *st
 	if r.fabric.sup != nil && cp.Manager != "foreign" {
 		cp.Manager = string(r.fabric.sup.Status().State)

@@ -18,24 +18,23 @@ const (
 	PhaseFailed   = "failed"  // needs a person: the message says what
 	PhaseReady    = "ready"
 	PhaseDegraded = "degraded" // up and serving its GPUs, without something the message names
-
-	PhaseStopped = "stopped"
+	PhaseStopped  = "stopped"
 )
 
 // Status is what the service reports, in its log and as JSON in the status file.
 type Status struct {
-	Phase         string        `json:"phase"`
-	Message       string        `json:"message"`
-	Updated       time.Time     `json:"updated"`
-	Subroot       string        `json:"subroot"`
-	DriverVersion string        `json:"driverVersion,omitempty"`
-	DriverRoot    string        `json:"driverRoot,omitempty"` // the mount, once made
-	GPUs          []gpu.GPU     `json:"gpus,omitempty"`
-	DeviceNodes   int           `json:"deviceNodes,omitempty"`
-	MIG           []mig.Status  `json:"mig,omitempty"`
-	Persistenced  string        `json:"persistenced,omitempty"`
-	Fabric        *FabricStatus `json:"fabric,omitempty"`
-	CDISpec       string        `json:"cdiSpec,omitempty"`
+	Phase         string       `json:"phase"`
+	Message       string       `json:"message"`
+	Updated       time.Time    `json:"updated"`
+	Subroot       string       `json:"subroot"`
+	DriverVersion string       `json:"driverVersion,omitempty"`
+	DriverRoot    string       `json:"driverRoot,omitempty"` // the mount, once made
+	GPUs          []gpu.GPU    `json:"gpus,omitempty"`
+	DeviceNodes   int          `json:"deviceNodes,omitempty"`
+	MIG           []mig.Status `json:"mig,omitempty"`
+	Persistenced  string       `json:"persistenced,omitempty"`
+	Fabric        *Fabric      `json:"fabric,omitempty"`
+	CDISpec       string       `json:"cdiSpec,omitempty"`
 }
 
 // statusFile keeps the latest status and writes it whole on every change.

@@ -12,7 +12,8 @@
 //
 //	FAKEDAEMON_RUN_DIR  run directory (default /var/run/nvidia-persistenced)
 //	FAKEDAEMON_MODE     ok | fail | never-ready | hang-term | crash-after=DURATION, and for the
-//	                    fabric manager also nothing-to-do | bad-config
+//	                    fabric manager also nothing-to-do | late-nothing-to-do (after its
+//	                    socket answered) | bad-config
 //	FAKEDAEMON_CONTROL  file whose content, when present, overrides FAKEDAEMON_MODE at each start
 //	FAKEDAEMON_SYSLOG   datagram socket to send syslog lines to (the real daemon uses /dev/log)
 //	FAKEDAEMON_ARGS     file the parent appends its command line to (one line per start)
@@ -301,6 +302,10 @@ func fabricManager(config string) int {
 			crash = time.After(d)
 		}
 	}
+	var late <-chan time.Time
+	if mode() == "late-nothing-to-do" {
+		late = time.After(100 * time.Millisecond)
+	}
 	select {
 	case <-sigs:
 		_ = l.Close()
@@ -309,6 +314,9 @@ func fabricManager(config string) int {
 	case <-crash:
 		fmt.Fprintln(os.Stderr, "crashing as told")
 		return 3 // leaves its socket behind
+	case <-late:
+		fmt.Fprintln(os.Stderr, "request to query NVSwitch device information from NVSwitch driver failed with error:WARNING Nothing to do [NV_WARN_NOTHING_TO_DO]")
+		return 1
 	}
 }
 
