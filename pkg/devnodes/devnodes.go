@@ -63,6 +63,15 @@ func Sync(log *slog.Logger, hostRoot string) (Result, error) {
 		return Result{}, err
 	}
 
+	// The GPUs work without the NVSwitch nodes; only the fabric manager needs them, and the
+	// node's NVSwitch job says so when it cannot start.
+	fabric, err := FabricNodes(hostRoot)
+	if err != nil {
+		log.Warn("NVSwitch device nodes not made", "error", err)
+	}
+
+	want = append(want, fabric...)
+
 	res := Result{Nodes: want}
 
 	for _, n := range want {
@@ -140,22 +149,22 @@ func Desired(hostRoot string) ([]Node, error) {
 		nodes = append(nodes, capNodes...)
 	}
 
-	fabric, err := fabricNodes(hostRoot, majors)
-	if err != nil {
-		return nil, err
-	}
-
-	return append(nodes, fabric...), nil
+	return nodes, nil
 }
 
-// fabricNodes returns, on a board whose nvidia-nvswitch driver manages switches, the nodes
+// FabricNodes returns, on a board whose nvidia-nvswitch driver manages switches, the nodes
 // the fabric manager opens there (NVIDIA Fabric Manager User Guide, "Running Fabric Manager
 // as a Non-Root User", HGX-2/A100/H100: /dev/nvidia-nvswitchctl, one /dev/nvidia-nvswitchN
 // per switch, /dev/nvidia-nvlink and the nvidia-nvlink fabric-mgmt capability), with the
 // modes the drivers give in their permissions files, as nvidia-modprobe makes them.
-func fabricNodes(hostRoot string, majors map[string]uint32) ([]Node, error) {
+func FabricNodes(hostRoot string) ([]Node, error) {
 	switches, err := nvswitch.DriverDevices(hostRoot)
 	if err != nil || len(switches) == 0 {
+		return nil, err
+	}
+
+	majors, err := readMajors(filepath.Join(hostRoot, "proc/devices"))
+	if err != nil {
 		return nil, err
 	}
 
@@ -195,8 +204,12 @@ func fabricNodes(hostRoot string, majors map[string]uint32) ([]Node, error) {
 	}
 
 	capNode, err := fabricMgmtCapability(hostRoot, caps)
-	if err != nil || capNode == nil {
-		return nodes, err
+	if err != nil {
+		return nil, err
+	}
+
+	if capNode == nil {
+		return nodes, nil
 	}
 
 	return append(nodes, *capNode), nil
