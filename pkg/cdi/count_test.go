@@ -9,6 +9,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/talos-nvidia/nvidia-driver/internal/testutil"
 	"github.com/talos-nvidia/nvidia-driver/pkg/cdi"
 )
 
@@ -52,6 +53,26 @@ func TestSpecForAnyGPUCount(t *testing.T) {
 			sort.Strings(got)
 			sort.Strings(all)
 			assert.Equal(t, all, got)
+		})
+	}
+}
+
+// BenchmarkGenerateByGPUCount: spec generation on one and eight simulated GPUs, for the
+// scaling on an HGX board (issue 14); compare the two in one run.
+func BenchmarkGenerateByGPUCount(b *testing.B) {
+	for _, count := range []int{1, 8} {
+		b.Run(fmt.Sprintf("gpus=%d", count), func(b *testing.B) {
+			lib, host := simulatedNode(b, fmt.Sprintf("h200:%d", count))
+			o := cdi.DefaultOptions(testutil.Subroot(b))
+			o.DevRoot = host
+
+			b.ReportAllocs()
+
+			for b.Loop() {
+				if _, err := cdi.Generate(quiet, lib, o); err != nil {
+					b.Fatal(err)
+				}
+			}
 		})
 	}
 }
