@@ -137,7 +137,12 @@ func (r *Runner) startFabricManager(ctx context.Context, board nvswitch.Board) (
 		}
 	}()
 
-	if err := sup.WaitReady(ctx); err != nil {
+	// Bounded: the GPUs are served after this wait whatever the fabric manager does; the
+	// supervisor goes on trying, and the fabric watch reports a later registration.
+	waitCtx, cancel := context.WithTimeout(ctx, r.cfg.FabricWait)
+	defer cancel()
+
+	if err := sup.WaitReady(waitCtx); err != nil {
 		if errors.As(err, &foreign) {
 			return err.Error(), foreign
 		}

@@ -415,3 +415,28 @@ func TestFabricCompletesAfterTheWait(t *testing.T) {
 	assert.Contains(t, string(summary), `"fabric": "registered"`)
 	assert.Equal(t, 1, b.starts(t))
 }
+
+// TestFabricManagerThatHangs: a fabric manager that never gets ready holds the node up only
+// for the bounded wait; the GPUs are then served, degraded, and the supervisor gives up after
+// its few tries instead of restarting it for ever.
+func TestFabricManagerThatHangs(t *testing.T) {
+	b := newBoard(t, boardOptions{switches: sim.Board{Switches: 4}, mode: "hang"})
+	begin := time.Now()
+	run := b.run(t, "NVIDIA_DRIVER_FABRIC_WAIT=400ms")
+	st := run.r.Status()
+
+	require.Equal(t, node.PhaseDegraded, st.Phase, "%v\n%s", run.phases, run.logs)
+	assert.Less(t, time.Since(begin), 5*time.Second)
+	assert.Contains(t, st.Message, "waiting for readiness")
+	assert.Len(t, st.GPUs, 8)
+
+	deadline := time.Now().Add(10 * time.Second)
+	for run.r.Status().Fabric.Manager != "failed" {
+		require.True(t, time.Now().Before(deadline), "the supervisor never gave up: %s\n%s", run.r.Status().Fabric.Manager, run.logs)
+		time.Sleep(10 * time.Millisecond)
+	}
+
+	assert.Equal(t, 3, b.starts(t))
+	assert.Contains(t, run.logs.String(), "giving up after 3 failed starts")
+	assert.Zero(t, b.fabricManagerPID(t), "no fabric manager left running")
+}

@@ -13,7 +13,7 @@
 //	FAKEDAEMON_RUN_DIR  run directory (default /var/run/nvidia-persistenced)
 //	FAKEDAEMON_MODE     ok | fail | never-ready | hang-term | crash-after=DURATION, and for the
 //	                    fabric manager also nothing-to-do | late-nothing-to-do (after its
-//	                    socket answered) | bad-config
+//	                    socket answered) | bad-config | hang (never listens)
 //	FAKEDAEMON_CONTROL  file whose content, when present, overrides FAKEDAEMON_MODE at each start
 //	FAKEDAEMON_SYSLOG   datagram socket to send syslog lines to (the real daemon uses /dev/log)
 //	FAKEDAEMON_ARGS     file the parent appends its command line to (one line per start)
@@ -258,6 +258,12 @@ func fabricManager(config string) int {
 	case m == "fail":
 		fmt.Fprintln(os.Stderr, "failed to initialize the fabric: an unexpected error")
 		return 1
+	}
+	if mode() == "hang" {
+		sigs := make(chan os.Signal, 1)
+		signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT)
+		<-sigs
+		return 0
 	}
 	if dev := os.Getenv("FAKEDAEMON_DEV"); dev != "" {
 		for _, n := range []string{"nvidia-nvswitchctl", "nvidia-nvswitch0", "nvidia-nvlink", "nvidiactl"} {
