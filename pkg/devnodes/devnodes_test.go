@@ -234,14 +234,14 @@ func write(t *testing.T, root, rel, content string) {
 func TestSyncNVSwitchBoard(t *testing.T) {
 	for _, tc := range []struct {
 		name  string
-		board sim.Board
+		board sim.NVSwitches
 		want  []string
 	}{
-		{"four managed switches", sim.Board{Switches: 4}, []string{
+		{"four managed switches", sim.NVSwitches{Count: 4}, []string{
 			"dev/nvidia-nvswitchctl", "dev/nvidia-nvswitch0", "dev/nvidia-nvswitch1", "dev/nvidia-nvswitch2",
 			"dev/nvidia-nvswitch3", "dev/nvidia-nvlink", "dev/nvidia-caps/nvidia-cap0",
 		}},
-		{"switches the driver does not manage", sim.Board{Switches: 4, Unmanaged: true}, nil},
+		{"switches the driver does not manage", sim.NVSwitches{Count: 4, Unmanaged: true}, nil},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			root := newRoot(t)
@@ -296,7 +296,7 @@ func TestSyncNVSwitchErrors(t *testing.T) {
 			write(t, root, "proc/driver/nvidia-nvswitch/permissions", "DeviceFileMode: 438\n")
 		}, "lists 1 NVSwitch(es) but"},
 		{"fabric-mgmt minors disagree", func(t *testing.T, root string) {
-			require.NoError(t, sim.WriteNVSwitchFS(root, sim.Board{Switches: 2}))
+			require.NoError(t, sim.WriteNVSwitchFS(root, sim.NVSwitches{Count: 2}))
 			require.NoError(t, os.WriteFile(filepath.Join(root, "proc/driver/nvidia-caps/nvlink-minors"), []byte("fabric-mgmt 7\n"), 0o444))
 		}, "fabric-mgmt: "},
 	} {

@@ -37,7 +37,7 @@ func fakeFabricManager(t *testing.T) string {
 	return bin
 }
 
-// board is a simulated HGX H200 board for the runner: eight GPUs, the NVSwitch files of sim.Board
+// board is a simulated HGX H200 board for the runner: eight GPUs, the NVSwitch files of sim.NVSwitches
 // under a throwaway host root, a subroot (the Debian-built one with an overlay) whose
 // nv-fabricmanager is the fake daemon, and NVML that reports the GPUs registered once a
 // fabric manager's API answers.
@@ -48,7 +48,7 @@ type board struct {
 }
 
 type boardOptions struct {
-	switches   sim.Board
+	switches   sim.NVSwitches
 	mode       string // the fake fabric manager's FAKEDAEMON_MODE
 	noBinary   bool   // the subroot ships no nv-fabricmanager
 	foreignAPI bool   // a foreign fabric manager answers on the API TCP port
@@ -114,7 +114,7 @@ func newBoard(t *testing.T, o boardOptions) *board {
 	}
 	require.NoError(t, sim.WriteProcFS(b.host, b.gpus))
 	require.Equal(t, nvml.SUCCESS, b.gpus.Shutdown())
-	if o.switches.Switches > 0 {
+	if o.switches.Count > 0 {
 		require.NoError(t, sim.WriteNVSwitchFS(b.host, o.switches))
 	}
 
@@ -257,7 +257,7 @@ func (b *board) run(t *testing.T, env ...string) *running {
 // only after NVML says every GPU registered with the fabric, and restarts the fabric manager
 // when it dies.
 func TestFabricManagerOnNVSwitchBoard(t *testing.T) {
-	b := newBoard(t, boardOptions{switches: sim.Board{Switches: 4}, mode: "ok"})
+	b := newBoard(t, boardOptions{switches: sim.NVSwitches{Count: 4}, mode: "ok"})
 	run := b.run(t)
 	st := run.r.Status()
 
@@ -333,15 +333,15 @@ func TestFabricManagerCannotRun(t *testing.T) {
 		starts  int
 		manager string
 	}{
-		{"GPUs passed through to a VM: NV_WARN_NOTHING_TO_DO", boardOptions{switches: sim.Board{Switches: 4}, mode: "nothing-to-do"},
+		{"GPUs passed through to a VM: NV_WARN_NOTHING_TO_DO", boardOptions{switches: sim.NVSwitches{Count: 4}, mode: "nothing-to-do"},
 			node.PhaseDegraded, "NV_WARN_NOTHING_TO_DO", 1, "failed"},
-		{"switches the nvidia-nvswitch driver does not manage", boardOptions{switches: sim.Board{Switches: 4, Unmanaged: true}, mode: "ok"},
+		{"switches the nvidia-nvswitch driver does not manage", boardOptions{switches: sim.NVSwitches{Count: 4, Unmanaged: true}, mode: "ok"},
 			node.PhaseDegraded, "the nvidia-nvswitch driver initialized none of them", 0, ""},
-		{"no nv-fabricmanager in the subroot", boardOptions{switches: sim.Board{Switches: 4}, noBinary: true},
+		{"no nv-fabricmanager in the subroot", boardOptions{switches: sim.NVSwitches{Count: 4}, noBinary: true},
 			node.PhaseDegraded, "lacks usr/bin/nv-fabricmanager", 0, ""},
-		{"a foreign fabric manager runs", boardOptions{switches: sim.Board{Switches: 4}, mode: "ok", foreignAPI: true},
+		{"a foreign fabric manager runs", boardOptions{switches: sim.NVSwitches{Count: 4}, mode: "ok", foreignAPI: true},
 			node.PhaseReady, "leaving it alone", 0, "foreign"},
-		{"the GPUs were registered before the service started", boardOptions{switches: sim.Board{Switches: 4}, mode: "ok", registered: true},
+		{"the GPUs were registered before the service started", boardOptions{switches: sim.NVSwitches{Count: 4}, mode: "ok", registered: true},
 			node.PhaseReady, "already registered with the NVLink fabric", 0, ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -388,7 +388,7 @@ func TestNoNVSwitchNoFabricManager(t *testing.T) {
 // degraded, saying which GPUs are still registering; the service keeps watching and reports
 // the node ready, with its readiness file updated, once they have registered.
 func TestFabricCompletesAfterTheWait(t *testing.T) {
-	b := newBoard(t, boardOptions{switches: sim.Board{Switches: 4}, mode: "ok", registerAfter: 1500 * time.Millisecond})
+	b := newBoard(t, boardOptions{switches: sim.NVSwitches{Count: 4}, mode: "ok", registerAfter: 1500 * time.Millisecond})
 	run := b.run(t, "NVIDIA_DRIVER_FABRIC_WAIT=300ms")
 	st := run.r.Status()
 
@@ -420,7 +420,7 @@ func TestFabricCompletesAfterTheWait(t *testing.T) {
 // for the bounded wait; the GPUs are then served, degraded, and the supervisor gives up after
 // its few tries instead of restarting it for ever.
 func TestFabricManagerThatHangs(t *testing.T) {
-	b := newBoard(t, boardOptions{switches: sim.Board{Switches: 4}, mode: "hang"})
+	b := newBoard(t, boardOptions{switches: sim.NVSwitches{Count: 4}, mode: "hang"})
 	begin := time.Now()
 	run := b.run(t, "NVIDIA_DRIVER_FABRIC_WAIT=400ms")
 	st := run.r.Status()

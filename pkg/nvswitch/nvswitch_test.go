@@ -43,11 +43,11 @@ func TestDetect(t *testing.T) {
 		}, nvswitch.Board{}},
 		{"HGX board with four managed switches", func(t *testing.T, root string) {
 			write(t, root, "proc/devices", "Character devices:\n\nBlock devices:\n")
-			require.NoError(t, sim.WriteNVSwitchFS(root, sim.Board{Switches: 4}))
+			require.NoError(t, sim.WriteNVSwitchFS(root, sim.NVSwitches{Count: 4}))
 		}, nvswitch.Board{PCI: hgx, Driver: hgx}},
 		{"switches the driver does not manage", func(t *testing.T, root string) {
 			write(t, root, "proc/devices", "Character devices:\n\nBlock devices:\n")
-			require.NoError(t, sim.WriteNVSwitchFS(root, sim.Board{Switches: 4, Unmanaged: true}))
+			require.NoError(t, sim.WriteNVSwitchFS(root, sim.NVSwitches{Count: 4, Unmanaged: true}))
 		}, nvswitch.Board{PCI: hgx}},
 		{"NVLink 5 board: a CX7 bridge with SW_MNG in its VPD", func(t *testing.T, root string) {
 			write(t, root, "sys/class/infiniband/mlx5_0/device/vpd", "\x82\x10ConnectX-7\x90SMDL SW_MNG\x78")

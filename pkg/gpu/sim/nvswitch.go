@@ -18,10 +18,10 @@ const (
 // so it gets 0, before MIG's config 1 and monitor 2.
 const nvlinkFabricMgmtMinor = 0
 
-// Board is the NVSwitch side of a simulated HGX board.
-type Board struct {
-	// Switches is how many NVSwitch PCI functions sysfs shows (4 on an HGX H100 or H200).
-	Switches int
+// NVSwitches is the switch side of a simulated HGX board.
+type NVSwitches struct {
+	// Count is how many NVSwitch PCI functions sysfs shows (4 on an HGX H100 or H200).
+	Count int
 	// Unmanaged: the nvidia-nvswitch driver initialized none of them and lists no devices,
 	// as in a VM that got the GPUs and switches but not the board's topology
 	// (siderolabs/talos#14015).
@@ -35,7 +35,7 @@ type Board struct {
 // {permissions,capabilities/fabric-mgmt} (nvlink_linux.c, nvlink_caps.c, nv-caps.c),
 // /proc/driver/nvidia-caps/nvlink-minors (nv-caps.c) and the nvidia-nvswitch and nvidia-nvlink
 // majors in /proc/devices. Call it after WriteProcFS, which rewrites /proc/devices.
-func WriteNVSwitchFS(hostRoot string, b Board) error {
+func WriteNVSwitchFS(hostRoot string, b NVSwitches) error {
 	files := map[string]string{
 		// 438 = 0666, as both drivers print it (procfs_nvswitch.c, nvlink_linux.c).
 		"proc/driver/nvidia-nvswitch/permissions":            "DeviceFileMode: 438\n",
@@ -48,7 +48,7 @@ func WriteNVSwitchFS(hostRoot string, b Board) error {
 		return fmt.Errorf("writing simulated NVSwitch files: %w", err)
 	}
 
-	for i := range b.Switches {
+	for i := range b.Count {
 		bus := fmt.Sprintf("0000:%02x:00.0", 0xc1+i)
 		pci := filepath.Join("sys/bus/pci/devices", bus)
 		files[filepath.Join(pci, "vendor")] = "0x10de\n"
