@@ -7,10 +7,13 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"sort"
 	"strings"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 	"github.com/siderolabs/go-cmd/pkg/cmd"
+
+	"github.com/talos-nvidia/nvidia-driver/pkg/gpu"
 )
 
 // Persistenced suspends our nvidia-persistenced while a GPU's MIG mode
@@ -62,8 +65,15 @@ func (NoPersistenced) Suspend(context.Context) (func(context.Context) error, err
 type Result string
 
 const (
-	ResultSuccess       Result = "success"
-	ResultFailed        Result = "failed"
+	ResultSuccess Result = "success"
+	ResultFailed  Result = "failed"
+	// ResultPending: the MIG mode must change but something holds the GPU open; nothing was
+	// changed (or NVML keeps the new mode pending). The service applies it at its next start
+	// with the GPU idle: the next boot, before workloads start, or a restart after the
+	// holders stopped.
+	ResultPending Result = "pending"
+	// ResultPendingReboot: the new mode is pending and only a reboot activates it (a board
+	// that cannot reset one GPU, a pass-through VM). The pending mode is kept.
 	ResultPendingReboot Result = "pending-reboot"
 )
 
@@ -75,6 +85,8 @@ type Status struct {
 	Result  Result `json:"result"`
 	Changed bool   `json:"changed"`
 	Message string `json:"message"`
+	// Holders are the processes that kept the change from happening.
+	Holders []gpu.Holder `json:"holders,omitempty"`
 }
 
 // Applier applies a plan to the GPUs of a node through NVML (already initialized).
@@ -83,39 +95,31 @@ type Applier struct {
 	Persistenced Persistenced
 	Resetter     Resetter
 	OnChange     ChangeHook
+	// BeforeChange runs once per apply, before the first call that changes any GPU: the
+	// service withdraws its readiness signal there, so consumers that wait for it wait.
+	BeforeChange func(ctx context.Context) error
 	Logger       *slog.Logger
-	// ProcRoot is where process names are read from (<ProcRoot>/<pid>/comm),
-	// to say what holds a GPU; default /proc.
+	// ProcRoot is the host's /proc, where the processes that hold a GPU open are found
+	// (/proc/<pid>/fd); default /proc.
 	ProcRoot string
 }
 
-var errPendingReboot = errors.New("pending reboot")
+// errPending: the GPU is held, the change waits for an idle GPU. errPendingReboot: only a
+// reboot activates the pending mode.
+var (
+	errPending       = errors.New("pending")
+	errPendingReboot = errors.New("pending reboot")
+)
 
-// ReadGPUs reads every GPU of the node.
-func ReadGPUs(lib nvml.Interface) ([]*GPU, error) {
-	n, ret := lib.DeviceGetCount()
-	if ret != nvml.SUCCESS {
-		return nil, fmt.Errorf("count GPUs: %w", ret)
-	}
-
-	gpus := make([]*GPU, 0, n)
-
-	for i := 0; i < n; i++ {
-		dev, ret := lib.DeviceGetHandleByIndex(i)
-		if ret != nvml.SUCCESS {
-			return nil, fmt.Errorf("gpu %d: get handle: %w", i, ret)
-		}
-
-		g, err := ReadGPU(dev)
-		if err != nil {
-			return nil, err
-		}
-
-		gpus = append(gpus, g)
-	}
-
-	return gpus, nil
+// heldError names the processes that hold a GPU.
+type heldError struct {
+	kind    error
+	msg     string
+	holders []gpu.Holder
 }
+
+func (e *heldError) Error() string { return e.msg }
+func (e *heldError) Unwrap() error { return e.kind }
 
 // Apply plans the layout for every GPU (nothing changes if any GPU cannot
 // take it) and applies it GPU by GPU. It returns one status per GPU; the
@@ -142,11 +146,32 @@ func (a *Applier) ApplyPlan(ctx context.Context, plan *Plan) []Status {
 	var (
 		statuses []Status
 		changed  []int
+		prepared bool
+		prepErr  error
 	)
 
+	// prepare runs BeforeChange once, before the first mutating call.
+	prepare := func() error {
+		if !prepared {
+			prepared = true
+			if a.BeforeChange != nil {
+				prepErr = a.BeforeChange(ctx)
+			}
+		}
+
+		return prepErr
+	}
+
 	for _, gp := range plan.GPUs {
-		st := a.applyGPU(ctx, plan.Layout, gp)
-		log.Info("mig layout", "gpu", st.Index, "layout", st.Layout, "result", st.Result, "changed", st.Changed, "message", st.Message)
+		st := a.applyGPU(ctx, plan.Layout, gp, prepare)
+
+		level := slog.LevelInfo
+		if st.Result != ResultSuccess {
+			level = slog.LevelWarn
+		}
+
+		log.Log(ctx, level, "mig layout", "gpu", st.Index, "layout", st.Layout, "result", st.Result, "changed", st.Changed,
+			"message", st.Message)
 
 		if st.Changed {
 			changed = append(changed, st.Index)
@@ -179,7 +204,7 @@ func (a *Applier) logger() *slog.Logger {
 	return a.Logger
 }
 
-func (a *Applier) applyGPU(ctx context.Context, layout string, gp GPUPlan) Status {
+func (a *Applier) applyGPU(ctx context.Context, layout string, gp GPUPlan, prepare func() error) Status {
 	g := gp.GPU
 	st := Status{Index: g.Index, UUID: g.UUID, Layout: layout}
 
@@ -190,7 +215,7 @@ func (a *Applier) applyGPU(ctx context.Context, layout string, gp GPUPlan) Statu
 		return st
 	}
 
-	if !g.MigCapable {
+	if !g.MigCapable() {
 		st.Result = ResultSuccess
 		st.Message = "not MIG-capable; nothing to do"
 
@@ -215,20 +240,64 @@ func (a *Applier) applyGPU(ctx context.Context, layout string, gp GPUPlan) Statu
 		return st
 	}
 
+	modeChange := prev.MigEnabled != gp.Target.MigEnabled || pending != want
+
+	// Never take a GPU from under anyone: a compute process blocks any change, and a mode
+	// change (which unbinds or resets the GPU) also waits for every process that holds the
+	// GPU open. Nothing is touched then.
+	if holders, err := a.holders(dev, g, modeChange); err != nil {
+		return failed(st, err)
+	} else if len(holders) > 0 {
+		what := "its instances must change"
+		if modeChange {
+			what = fmt.Sprintf("its MIG mode must change (%s to %s)", modeWord(prev.MigEnabled), modeWord(gp.Target.MigEnabled))
+		}
+
+		st.Result = ResultPending
+		st.Holders = holders
+		st.Message = fmt.Sprintf("not changed: %s but the GPU is held open by %s; it changes when the service starts with the GPU idle: at the next boot, before workloads start, or on a restart once these have stopped",
+			what, gpu.HolderList(holders))
+
+		return st
+	}
+
+	if err := prepare(); err != nil {
+		return failed(st, fmt.Errorf("before changing the GPU: %w", err))
+	}
+
 	st.Changed = true
 
 	err = a.converge(ctx, g, prev, gp.Target)
-	switch {
-	case err == nil:
+	if err == nil {
 		st.Result = ResultSuccess
 		st.Message = "applied: " + gp.Target.String()
 
 		return st
-	case errors.Is(err, errPendingReboot):
-		// Nothing a workload can see changed: no device nodes or CDI to redo.
-		st.Changed = false
-		st.Result = ResultPendingReboot
+	}
+
+	var held *heldError
+	if errors.As(err, &held) {
+		st.Holders = held.holders
+	}
+
+	if errors.Is(err, errPending) || errors.Is(err, errPendingReboot) {
+		// The new mode stays pending (no rollback of the mode: the next boot or idle start
+		// finishes it). Instances destroyed on the way come back, so the GPU serves as before.
+		st.Result = ResultPending
+		if errors.Is(err, errPendingReboot) {
+			st.Result = ResultPendingReboot
+		}
+
 		st.Message = err.Error()
+		st.Changed = false
+
+		if restored, rerr := a.restoreInstances(g, prev); rerr != nil {
+			st.Message += fmt.Sprintf("; restoring the previous instances failed: %v", rerr)
+			st.Changed = true
+		} else if restored {
+			st.Changed = true
+			st.Message += "; the previous instances were restored until then"
+		}
 
 		return st
 	}
@@ -241,7 +310,7 @@ func (a *Applier) applyGPU(ctx context.Context, layout string, gp GPUPlan) Statu
 
 	st.Result = ResultFailed
 
-	if rerr != nil && !errors.Is(rerr, errPendingReboot) {
+	if rerr != nil && !errors.Is(rerr, errPendingReboot) && !errors.Is(rerr, errPending) {
 		st.Message = fmt.Sprintf("%v; rollback to the previous layout failed too: %v", err, rerr)
 
 		return st
@@ -250,6 +319,14 @@ func (a *Applier) applyGPU(ctx context.Context, layout string, gp GPUPlan) Statu
 	st.Message = fmt.Sprintf("%v; rolled back to the previous layout (%s)", err, prev.String())
 
 	return st
+}
+
+func modeWord(enabled bool) string {
+	if enabled {
+		return "enabled"
+	}
+
+	return "disabled"
 }
 
 func failed(st Status, err error) Status {
@@ -287,6 +364,65 @@ func (a *Applier) readNow(g *GPU) (State, int, error) {
 	return ReadState(dev, g)
 }
 
+// holders lists what uses the GPU: its compute processes (NVML) and, when openers is set,
+// every process that has its device node open (/proc), ours excepted.
+func (a *Applier) holders(dev nvml.Device, g *GPU, openers bool) ([]gpu.Holder, error) {
+	procs, ret := dev.GetComputeRunningProcesses()
+	if ret != nvml.SUCCESS {
+		return nil, fmt.Errorf("gpu %d: list processes: %w", g.Index, ret)
+	}
+
+	seen := map[int]bool{}
+
+	var out []gpu.Holder
+
+	for _, p := range procs {
+		seen[int(p.Pid)] = true
+		out = append(out, gpu.Holder{PID: int(p.Pid), Name: a.comm(int(p.Pid))})
+	}
+
+	if !openers {
+		return out, nil
+	}
+
+	minor, ret := dev.GetMinorNumber()
+	if ret != nvml.SUCCESS {
+		return nil, fmt.Errorf("gpu %d: read minor number: %w", g.Index, ret)
+	}
+
+	open, err := gpu.Holders(a.procRoot(), minor)
+	if err != nil {
+		// NVML still refuses to unbind a held GPU (activationStatus IN_USE): say what is
+		// missing and go on.
+		a.logger().Warn("cannot see which processes hold the GPU", "gpu", g.Index, "error", err)
+	}
+
+	for _, h := range open {
+		if !seen[h.PID] {
+			out = append(out, h)
+		}
+	}
+
+	return out, nil
+}
+
+func (a *Applier) procRoot() string {
+	if a.ProcRoot == "" {
+		return "/proc"
+	}
+
+	return a.ProcRoot
+}
+
+func (a *Applier) comm(pid int) string {
+	b, err := os.ReadFile(filepath.Join(a.procRoot(), fmt.Sprint(pid), "comm"))
+	if err != nil {
+		return ""
+	}
+
+	return strings.TrimSpace(string(b))
+}
+
 // converge takes a GPU from state cur to target: instances away, MIG mode,
 // then instances at their planned placements.
 func (a *Applier) converge(ctx context.Context, g *GPU, cur, target State) error {
@@ -302,20 +438,6 @@ func (a *Applier) converge(ctx context.Context, g *GPU, cur, target State) error
 
 	want := mode(target.MigEnabled)
 	modeChange := cur.MigEnabled != target.MigEnabled || pending != want
-
-	if modeChange {
-		// Never take a GPU from under a workload: a mode change waits for
-		// an idle GPU (the next start, or a reboot).
-		procs, ret := dev.GetComputeRunningProcesses()
-		if ret != nvml.SUCCESS {
-			return fmt.Errorf("gpu %d: list processes: %w", g.Index, ret)
-		}
-
-		if len(procs) > 0 {
-			return fmt.Errorf("%w: gpu %d: MIG mode must change but the GPU is %s; it changes once the GPU is idle at the next start",
-				errPendingReboot, g.Index, a.holders(procs))
-		}
-	}
 
 	if cur.MigEnabled && (modeChange || cur.signature() != target.signature()) {
 		if err := a.destroyAll(dev, g); err != nil {
@@ -340,6 +462,37 @@ func (a *Applier) converge(ctx context.Context, g *GPU, cur, target State) error
 	return a.create(dev, g, target)
 }
 
+// restoreInstances puts back the instances of prev where the GPU is still in MIG mode without
+// them (a mode change that stayed pending after they were destroyed). It says whether it
+// created any.
+func (a *Applier) restoreInstances(g *GPU, prev State) (bool, error) {
+	if !prev.MigEnabled || len(prev.Instances) == 0 {
+		return false, nil
+	}
+
+	dev, err := a.device(g)
+	if err != nil {
+		return false, err
+	}
+
+	now, _, err := ReadState(dev, g)
+	if err != nil {
+		return false, err
+	}
+
+	if !now.MigEnabled || now.signature() == prev.signature() {
+		return false, nil
+	}
+
+	if len(now.Instances) > 0 {
+		if err := a.destroyAll(dev, g); err != nil {
+			return false, err
+		}
+	}
+
+	return true, a.create(dev, g, prev)
+}
+
 func (a *Applier) destroyAll(dev nvml.Device, g *GPU) error {
 	for _, p := range g.Profiles {
 		info := p.Info
@@ -350,16 +503,12 @@ func (a *Applier) destroyAll(dev nvml.Device, g *GPU) error {
 		}
 
 		for _, gi := range gis {
-			for _, c := range ciSizes(p.Info.SliceCount) {
-				ciInfo, ret := gi.GetComputeInstanceProfileInfo(ciProfileIndex(c), nvml.COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED)
-				if errors.Is(ret, nvml.ERROR_NOT_SUPPORTED) {
-					continue
-				}
+			cps, err := computeProfilesOf(gi)
+			if err != nil {
+				return fmt.Errorf("gpu %d: %s: %w", g.Index, p.Name, err)
+			}
 
-				if ret != nvml.SUCCESS {
-					return fmt.Errorf("gpu %d: compute profile %dc of %s: %w", g.Index, c, p.Name, ret)
-				}
-
+			for _, ciInfo := range cps {
 				cis, ret := gi.GetComputeInstances(&ciInfo)
 				if ret != nvml.SUCCESS {
 					return fmt.Errorf("gpu %d: list compute instances of %s: %w", g.Index, p.Name, ret)
@@ -381,6 +530,9 @@ func (a *Applier) destroyAll(dev nvml.Device, g *GPU) error {
 	return nil
 }
 
+// create makes the target's GPU instances at their planned placements, then asks NVML, for
+// each new GPU instance, which compute profiles it offers and where they can go, and places
+// the compute instances there.
 func (a *Applier) create(dev nvml.Device, g *GPU, target State) error {
 	for _, in := range target.Instances {
 		p, ok := g.profileByIndex(in.ProfileIndex)
@@ -396,33 +548,81 @@ func (a *Applier) create(dev nvml.Device, g *GPU, target State) error {
 			return fmt.Errorf("gpu %d: create GPU instance %s at %d: %w", g.Index, in.Profile, pl.Start, ret)
 		}
 
-		for _, c := range in.ComputeInstances {
-			ciInfo, ret := gi.GetComputeInstanceProfileInfo(ciProfileIndex(c.Slices), nvml.COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED)
-			if ret != nvml.SUCCESS {
-				return fmt.Errorf("gpu %d: compute profile %s: %w", g.Index, c.Profile, ret)
-			}
-
-			cpl := c.Placement
-			if _, ret := gi.CreateComputeInstanceWithPlacement(&ciInfo, &cpl); ret != nvml.SUCCESS {
-				return fmt.Errorf("gpu %d: create compute instance %s at %d: %w", g.Index, c.Profile, cpl.Start, ret)
-			}
+		if err := createComputeInstances(gi, g, in); err != nil {
+			return err
 		}
 	}
 
 	return nil
 }
 
-// setMode changes the MIG mode with our nvidia-persistenced suspended, and
-// resets the GPU when the change is only pending and nothing uses the GPU.
+func createComputeInstances(gi nvml.GpuInstance, g *GPU, in Instance) error {
+	offered, err := computeProfilesOf(gi)
+	if err != nil {
+		return fmt.Errorf("gpu %d: %s: %w", g.Index, in.Profile, err)
+	}
+
+	bySize := map[uint32]nvml.ComputeInstanceProfileInfo{}
+	starts := map[uint32][]uint32{}
+
+	for _, c := range offered {
+		if _, dup := bySize[c.SliceCount]; dup {
+			continue // the first (lowest index) profile of a size is the plain one
+		}
+
+		pls, ret := gi.GetComputeInstancePossiblePlacements(&c)
+		if ret != nvml.SUCCESS {
+			return fmt.Errorf("gpu %d: placements of compute profile %dc in %s: %w", g.Index, c.SliceCount, in.Profile, ret)
+		}
+
+		bySize[c.SliceCount] = c
+
+		for _, pl := range pls {
+			starts[c.SliceCount] = append(starts[c.SliceCount], pl.Start)
+		}
+	}
+
+	sizes := make([]uint32, 0, len(in.ComputeInstances))
+	for _, c := range in.ComputeInstances {
+		if _, ok := bySize[c.Slices]; !ok {
+			return fmt.Errorf("gpu %d: %s offers no compute profile %s", g.Index, in.Profile, c.Profile)
+		}
+
+		sizes = append(sizes, c.Slices)
+	}
+
+	sort.Slice(sizes, func(i, j int) bool { return sizes[i] > sizes[j] })
+
+	slices := uint32(0)
+	if p, ok := g.profileByIndex(in.ProfileIndex); ok {
+		slices = p.Info.SliceCount
+	}
+
+	placements, ok := placeCIs(slices, func(c uint32) []uint32 { return starts[c] }, sizes)
+	if !ok {
+		return fmt.Errorf("gpu %d: compute instances %v do not fit where NVML places them in %s", g.Index, sizes, in.Profile)
+	}
+
+	for i, c := range sizes {
+		ciInfo := bySize[c]
+		cpl := placements[i]
+
+		if _, ret := gi.CreateComputeInstanceWithPlacement(&ciInfo, &cpl); ret != nvml.SUCCESS {
+			return fmt.Errorf("gpu %d: create compute instance %dc in %s at %d: %w", g.Index, c, in.Profile, cpl.Start, ret)
+		}
+	}
+
+	return nil
+}
+
+// setMode changes the MIG mode with our nvidia-persistenced suspended. Where NVML leaves the
+// change pending (nvml.h, nvmlDeviceSetMigMode's activationStatus) it resets the GPU if
+// nothing holds it; a change that only a reboot can finish is errPendingReboot, one that waits
+// for an idle GPU errPending. The pending mode is kept either way.
 func (a *Applier) setMode(ctx context.Context, g *GPU, want int) (err error) {
 	dev, err := a.device(g)
 	if err != nil {
 		return err
-	}
-
-	procs, ret := dev.GetComputeRunningProcesses()
-	if ret != nvml.SUCCESS {
-		return fmt.Errorf("gpu %d: list processes: %w", g.Index, ret)
 	}
 
 	p := a.Persistenced
@@ -442,14 +642,19 @@ func (a *Applier) setMode(ctx context.Context, g *GPU, want int) (err error) {
 	}()
 
 	activation, ret := dev.SetMigMode(want)
-	if errors.Is(ret, nvml.ERROR_IN_USE) || errors.Is(activation, nvml.ERROR_IN_USE) {
-		return fmt.Errorf("gpu %d: set MIG mode: %w: %s", g.Index, nvml.ERROR_IN_USE, a.holders(procs))
-	}
 
-	if ret != nvml.SUCCESS {
+	switch {
+	case errors.Is(ret, nvml.ERROR_IN_USE) || (ret == nvml.SUCCESS && errors.Is(activation, nvml.ERROR_IN_USE)):
+		return a.heldErr(errPending, dev, g, fmt.Sprintf("gpu %d: MIG mode %s is pending: NVML cannot unbind the GPU, it is in use (activationStatus %v)",
+			g.Index, modeWord(want == nvml.DEVICE_MIG_ENABLE), nvml.ERROR_IN_USE))
+	case ret != nvml.SUCCESS:
 		return fmt.Errorf("gpu %d: set MIG mode: %w", g.Index, ret)
+	case activation != nvml.SUCCESS && !errors.Is(activation, nvml.ERROR_RESET_REQUIRED):
+		return fmt.Errorf("gpu %d: set MIG mode: activation: %w", g.Index, activation)
 	}
 
+	// nvml.h: the call "may unbind or reset the device ... the minor number might change":
+	// look the GPU up again.
 	if dev, err = a.device(g); err != nil {
 		return err
 	}
@@ -463,17 +668,25 @@ func (a *Applier) setMode(ctx context.Context, g *GPU, want int) (err error) {
 		return nil
 	}
 
-	// The change is pending (Ampere, pass-through): reset, unless in use.
-	if len(procs) > 0 {
-		return fmt.Errorf("%w: gpu %d: MIG mode change pending; %s", errPendingReboot, g.Index, a.holders(procs))
+	// The change is pending until a reset (Ampere, pass-through).
+	holders, err := a.holders(dev, g, true)
+	if err != nil {
+		return err
+	}
+
+	if len(holders) > 0 {
+		return &heldError{kind: errPendingReboot, holders: holders, msg: fmt.Sprintf(
+			"gpu %d: MIG mode %s is pending until a GPU reset, and the GPU is held open by %s; reboot to finish (the pending mode is kept)",
+			g.Index, modeWord(want == nvml.DEVICE_MIG_ENABLE), gpu.HolderList(holders))}
 	}
 
 	if a.Resetter == nil {
-		return fmt.Errorf("%w: gpu %d: MIG mode change pending and no way to reset the GPU", errPendingReboot, g.Index)
+		return fmt.Errorf("%w: gpu %d: MIG mode change pending and no way to reset the GPU; reboot to finish", errPendingReboot, g.Index)
 	}
 
 	if err := a.Resetter.ResetGPU(ctx, g.Index); err != nil {
-		return fmt.Errorf("gpu %d: MIG mode change pending, reset failed: %w", g.Index, err)
+		return fmt.Errorf("%w: gpu %d: MIG mode %s is pending; resetting the GPU failed (%v); reboot to finish (the pending mode is kept)",
+			errPendingReboot, g.Index, modeWord(want == nvml.DEVICE_MIG_ENABLE), err)
 	}
 
 	if dev, err = a.device(g); err != nil {
@@ -485,37 +698,20 @@ func (a *Applier) setMode(ctx context.Context, g *GPU, want int) (err error) {
 	}
 
 	if cur != want {
-		return fmt.Errorf("%w: gpu %d: MIG mode still pending after reset", errPendingReboot, g.Index)
+		return fmt.Errorf("%w: gpu %d: MIG mode still pending after a reset; reboot to finish", errPendingReboot, g.Index)
 	}
 
 	return nil
 }
 
-// holders says what uses a GPU, with process names where /proc shows them.
-func (a *Applier) holders(procs []nvml.ProcessInfo) string {
-	if len(procs) == 0 {
-		return "held by another client (nvidia-persistenced, DCGM, a device plugin?)"
+// heldErr is kind with the processes that hold the GPU named, as far as /proc shows them.
+func (a *Applier) heldErr(kind error, dev nvml.Device, g *GPU, msg string) error {
+	holders, err := a.holders(dev, g, true)
+	if err != nil || len(holders) == 0 {
+		return &heldError{kind: kind, msg: msg + "; no process outside the service shows the GPU open in " + a.procRoot() +
+			" (is the host's /proc mounted there?); it changes at the next boot, before workloads start"}
 	}
 
-	root := a.ProcRoot
-	if root == "" {
-		root = "/proc"
-	}
-
-	parts := make([]string, 0, len(procs))
-
-	for _, p := range procs {
-		name := ""
-		if b, err := os.ReadFile(filepath.Join(root, fmt.Sprint(p.Pid), "comm")); err == nil {
-			name = strings.TrimSpace(string(b))
-		}
-
-		if name != "" {
-			parts = append(parts, fmt.Sprintf("%d (%s)", p.Pid, name))
-		} else {
-			parts = append(parts, fmt.Sprint(p.Pid))
-		}
-	}
-
-	return "in use by process " + strings.Join(parts, ", ")
+	return &heldError{kind: kind, holders: holders, msg: fmt.Sprintf("%s; held open by %s; it changes at the next boot, before workloads start, or on a restart once these have stopped",
+		msg, gpu.HolderList(holders))}
 }

@@ -53,7 +53,7 @@ func newRig(t testing.TB, model string, gpus int) *rig {
 	r := &rig{node: node, pd: &fakePersistenced{node: node, gpus: gpus}}
 	r.pd.hold(1)
 	r.applier = &mig.Applier{
-		NVML: node, Persistenced: r.pd, Resetter: node,
+		NVML: node, Persistenced: r.pd, Resetter: node, ProcRoot: t.TempDir(),
 		OnChange: func(_ context.Context, changed []int) error { r.changes = append(r.changes, changed); return nil },
 	}
 
@@ -62,20 +62,22 @@ func newRig(t testing.TB, model string, gpus int) *rig {
 
 // state reads a GPU's state back through NVML.
 func (r *rig) state(t testing.TB, i int) (mig.State, int) {
+	gpus, err := mig.ReadGPUs(r.node)
+	require.NoError(t, err)
 	dev, ret := r.node.DeviceGetHandleByIndex(i)
 	require.Equal(t, nvml.SUCCESS, ret)
-	g, err := mig.ReadGPU(dev)
-	require.NoError(t, err)
-	st, pending, err := mig.ReadState(dev, g)
+	st, pending, err := mig.ReadState(dev, gpus[i])
 	require.NoError(t, err)
 
 	return st, pending
 }
 
+// loadDefault reads NVIDIA's default layouts with the three that shadow built-in layouts
+// renamed (op-all-disabled, op-all-enabled, op-all-balanced), as a user must.
 func loadDefault(t testing.TB) *mig.Config {
 	data, err := os.ReadFile("testdata/gpu-operator-default-mig-config.yaml")
 	require.NoError(t, err)
-	cfg, err := mig.Parse(data)
+	cfg, err := mig.Parse([]byte(renameShadows(string(data))))
 	require.NoError(t, err)
 
 	return cfg
@@ -87,9 +89,9 @@ func loadDefault(t testing.TB) *mig.Config {
 func TestGPUOperatorDefaultLayouts(t *testing.T) {
 	cfg := loadDefault(t)
 	want := map[string][]string{
-		"a100-40gb": {"all-1g.10gb", "all-1g.5gb", "all-1g.5gb.me", "all-2g.10gb", "all-3g.20gb", "all-4g.20gb", "all-7g.40gb", "all-balanced", "all-disabled", "all-enabled"},
-		"a100-80gb": {"all-1g.10gb", "all-1g.10gb.me", "all-1g.20gb", "all-2g.20gb", "all-3g.40gb", "all-4g.40gb", "all-7g.80gb", "all-balanced", "all-disabled", "all-enabled"},
-		"h100-80gb": {"all-1g.10gb", "all-1g.10gb.me", "all-1g.20gb", "all-2g.20gb", "all-3g.40gb", "all-4g.40gb", "all-7g.80gb", "all-balanced", "all-disabled", "all-enabled"},
+		"a100-40gb": {"all-1g.10gb", "all-1g.5gb", "all-1g.5gb.me", "all-2g.10gb", "all-3g.20gb", "all-4g.20gb", "all-7g.40gb", "op-all-balanced", "op-all-disabled", "op-all-enabled"},
+		"a100-80gb": {"all-1g.10gb", "all-1g.10gb.me", "all-1g.20gb", "all-2g.20gb", "all-3g.40gb", "all-4g.40gb", "all-7g.80gb", "op-all-balanced", "op-all-disabled", "op-all-enabled"},
+		"h100-80gb": {"all-1g.10gb", "all-1g.10gb.me", "all-1g.20gb", "all-2g.20gb", "all-3g.40gb", "all-4g.40gb", "all-7g.80gb", "op-all-balanced", "op-all-disabled", "op-all-enabled"},
 	}
 
 	for model, layouts := range want {
@@ -148,6 +150,10 @@ mig-configs:
       mig-devices: {"1c.3g.40gb": 3, "1g.10gb+me": 1, "2g.20gb": 1}
     - devices: [1]
       mig-enabled: false
+  compute-one:
+    - devices: [0]
+      mig-enabled: true
+      mig-devices: {"1c.3g.40gb": 3, "1g.10gb+me": 1, "2g.20gb": 1}
   filtered:
     - device-filter: "0x233510DE"
       devices: all
@@ -291,7 +297,7 @@ func fitsByBruteForce(profiles []mig.GIProfileInfo, counts []int) bool {
 	return rec(0, 0)
 }
 
-func TestPendingRebootWhenProcessesUseTheGPU(t *testing.T) {
+func TestPendingWhenProcessesUseTheGPU(t *testing.T) {
 	for _, model := range []string{"a100-80gb", "h100-80gb"} {
 		t.Run(model, func(t *testing.T) {
 			r := newRig(t, model, 2)
@@ -300,8 +306,8 @@ func TestPendingRebootWhenProcessesUseTheGPU(t *testing.T) {
 			statuses, err := r.applier.Apply(context.Background(), mig.Builtin(), mig.LayoutAllBalanced)
 			require.NoError(t, err)
 			assert.Equal(t, mig.ResultSuccess, statuses[0].Result, statuses[0].Message)
-			assert.Equal(t, mig.ResultPendingReboot, statuses[1].Result)
-			assert.Contains(t, statuses[1].Message, "in use by process 4242")
+			assert.Equal(t, mig.ResultPending, statuses[1].Result)
+			assert.Contains(t, statuses[1].Message, "held open by pid 4242")
 			assert.Equal(t, 0, r.node.Calls(sim.MSetMigMode)-1, "only GPU 0 changed mode")
 
 			st, _ := r.state(t, 1)
@@ -319,13 +325,17 @@ func TestAmpereResetsOnlyWithPersistencedSuspended(t *testing.T) {
 	assert.Equal(t, 1, r.node.Calls(sim.MResetGPU))
 	assert.Equal(t, 1, r.node.Clients(0), "persistenced resumed")
 
-	// Without suspension, persistenced holds the GPU: a Hopper mode change is refused.
+	// Without suspension, persistenced holds the GPU (invisible in this /proc): NVML keeps a
+	// Hopper mode change pending (activationStatus IN_USE), and so does the applier.
 	h := newRig(t, "h100-80gb", 1)
 	h.applier.Persistenced = nil
 	statuses, err = h.applier.Apply(context.Background(), mig.Builtin(), mig.LayoutAllMax)
 	require.NoError(t, err)
-	assert.Equal(t, mig.ResultFailed, statuses[0].Result)
-	assert.Contains(t, statuses[0].Message, "ERROR_IN_USE: held by another client")
+	assert.Equal(t, mig.ResultPending, statuses[0].Result)
+	assert.Contains(t, statuses[0].Message, "NVML cannot unbind the GPU, it is in use")
+	st, pending := h.state(t, 0)
+	assert.False(t, st.MigEnabled, "the current mode stays")
+	assert.Equal(t, nvml.DEVICE_MIG_ENABLE, pending, "the pending mode is kept")
 }
 
 // TestFaultMatrix fails each mutating call once, at each point it is made,
@@ -338,8 +348,8 @@ func TestFaultMatrix(t *testing.T) {
 	for _, tc := range []struct{ model, from, to string }{
 		{"a100-80gb", "all-disabled", "all-balanced"},
 		{"a100-80gb", "all-balanced", "all-disabled"},
-		{"h100-80gb", "all-disabled", "compute"},
-		{"h100-80gb", "asymmetric", "compute"},
+		{"h100-80gb", "all-disabled", "compute-one"},
+		{"h100-80gb", "asymmetric", "compute-one"},
 		{"h100-80gb", "all-balanced", "filtered"},
 	} {
 		// A clean run counts the calls each method gets.
@@ -363,6 +373,17 @@ func TestFaultMatrix(t *testing.T) {
 					r.node.InjectFault(sim.Fault{Method: method, GPU: 0, Nth: nth, Ret: nvml.ERROR_UNKNOWN})
 					statuses, err := r.applier.Apply(context.Background(), cfg, tc.to)
 					require.NoError(t, err)
+
+					if method == sim.MResetGPU {
+						// A reset that fails leaves the mode pending for the next boot.
+						assert.Equal(t, mig.ResultPendingReboot, statuses[0].Result)
+						assert.Contains(t, statuses[0].Message, "reboot to finish")
+						_, pending := r.state(t, 0)
+						assert.NotEqual(t, prev.MigEnabled, pending == nvml.DEVICE_MIG_ENABLE, "the pending mode is kept")
+
+						return
+					}
+
 					assert.Equal(t, mig.ResultFailed, statuses[0].Result)
 					assert.Contains(t, statuses[0].Message, "rolled back to the previous layout", statuses[0].Message)
 
@@ -380,4 +401,12 @@ func TestFaultMatrix(t *testing.T) {
 		}
 		require.Greater(t, cases, 0)
 	}
+}
+
+func renameShadows(yaml string) string {
+	for _, name := range []string{"all-disabled", "all-enabled", "all-balanced"} {
+		yaml = strings.ReplaceAll(yaml, "\n  "+name+":", "\n  op-"+name+":")
+	}
+
+	return yaml
 }

@@ -80,11 +80,23 @@ func TestParseAcceptsGPUOperatorDefault(t *testing.T) {
 	data, err := os.ReadFile("testdata/gpu-operator-default-mig-config.yaml")
 	require.NoError(t, err)
 
-	cfg, err := mig.Parse(data)
+	// Its all-disabled, all-enabled and all-balanced shadow built-in layouts: rejected, by name
+	// and line, until renamed.
+	_, err = mig.ParseFile("default.yaml", data)
+	var verr *mig.ValidationError
+	require.ErrorAs(t, err, &verr)
+	assert.Equal(t, "default.yaml", verr.File)
+	assert.Equal(t, []string{
+		`line 7: layout "all-disabled": shadows the built-in layout of that name; give yours another name`,
+		`line 11: layout "all-enabled": shadows the built-in layout of that name; give yours another name`,
+		`line 341: layout "all-balanced": shadows the built-in layout of that name; give yours another name`,
+	}, verr.Problems)
+
+	cfg, err := mig.Parse([]byte(renameShadows(string(data))))
 	require.NoError(t, err)
 	assert.Len(t, cfg.Layouts, 68)
-	assert.Len(t, cfg.Layouts["all-balanced"], 10)
-	assert.Equal(t, []uint32{0x20B710DE}, cfg.Layouts["all-balanced"][8].Filter)
+	assert.Len(t, cfg.Layouts["op-all-balanced"], 10)
+	assert.Equal(t, []uint32{0x20B710DE}, cfg.Layouts["op-all-balanced"][8].Filter)
 }
 
 func FuzzParse(f *testing.F) {
