@@ -75,5 +75,5 @@ func serveSimulated(ctx context.Context, log *slog.Logger, cfg config.Config) er
 
 	log.Warn("using simulated GPUs", "spec", cfg.Simulate)
 
-	return node.New(log, cfg, simNode, node.WithSimulatedProc(writeProc)).Run(ctx)
+	return node.New(log, cfg, simNode, node.WithSimulatedProc(writeProc), node.WithResetter(simNode)).Run(ctx)
 }
