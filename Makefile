@@ -63,7 +63,9 @@ harness: deps extension
 flavors:
 	go run ./hack/gen-flavors
 
+# The demo build: the service plus simulated GPUs (-tags simulate); the product has neither.
 demo: build
+	go build -trimpath -tags simulate -o $(OUT)/bin/nvidia-driver-demo ./service
 	hack/demo.sh
 
 # What the GPU end-to-end test needs besides `make build`: nvidia-ctk from the same toolkit
