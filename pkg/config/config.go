@@ -57,7 +57,6 @@ type Config struct {
 
 	NFDFeaturesDir string // a host path; empty: off
 
-
 	// Source says where each setting came from ("default", "env", the file), for the log.
 	Source map[string]string
 }
@@ -313,8 +312,6 @@ func boolean(field func(*Config) *bool) func(*Config, string) error {
 		return nil
 	}
 }
-
-
 
 func keys(all []setting) []string {
 	out := []string{"version"}

@@ -109,4 +109,3 @@ func TestExplicitFileMustExist(t *testing.T) {
 	_, err := config.Load([]string{config.EnvConfigFile + "=/nonexistent/config.yaml"})
 	require.ErrorContains(t, err, "reading configuration file: open /nonexistent/config.yaml")
 }
-
