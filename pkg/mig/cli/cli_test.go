@@ -36,6 +36,19 @@ func TestPlanJSONGolden(t *testing.T) {
 	assert.Equal(t, string(golden), out.String())
 }
 
+// TestPlanRejectsIndicesTheNodeLacks: `devices: [0, 5]` planned for 2 GPUs names the file,
+// line and key instead of planning GPU 0 and ignoring 5.
+func TestPlanRejectsIndicesTheNodeLacks(t *testing.T) {
+	file := filepath.Join(t.TempDir(), "mig.yaml")
+	require.NoError(t, os.WriteFile(file, []byte("version: v1\nmig-configs:\n  pair:\n    - devices: [0, 5]\n      mig-enabled: true\n      mig-devices: {\"7g.80gb\": 1}\n"), 0o600))
+
+	var out, errOut bytes.Buffer
+	code := cli.RunPlanCLI([]string{"--gpu", "h100-80gb", "--gpus", "2", "--config", file, "--select", "pair"}, &out, &errOut)
+	assert.Equal(t, 1, code)
+	assert.Equal(t, "mig plan: invalid MIG config "+file+`: line 4: layout "pair", entry 0, devices[1]: GPU 5 does not exist: the node has 2 GPU(s), indices 0 to 1`+"\n", errOut.String())
+	assert.Empty(t, out.String())
+}
+
 func TestPlanFailures(t *testing.T) {
 	for _, tc := range []struct {
 		args []string
