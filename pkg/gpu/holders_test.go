@@ -85,4 +85,3 @@ func TestHoldersFromRealProcesses(t *testing.T) {
 	assert.Equal(t, []gpu.Holder{{PID: c, Name: "sleep"}}, got)
 	assert.Equal(t, "sleep (pid 12), pid 13", gpu.HolderList([]gpu.Holder{{PID: 12, Name: "sleep"}, {PID: 13}}))
 }
-
