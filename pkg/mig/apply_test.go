@@ -410,3 +410,96 @@ func renameShadows(yaml string) string {
 
 	return yaml
 }
+
+// TestBoardsThatCannotResetEndPendingReboot: in pass-through (activationStatus
+// RESET_REQUIRED, no reset) and on an NVSwitch A100 board (no reset of one GPU), the new mode
+// stays pending and is kept: pending-reboot, "reboot to finish". After a reboot the layout
+// completes with instances only, and a GPU already in its layout gets no call.
+func TestBoardsThatCannotResetEndPendingReboot(t *testing.T) {
+	for _, tc := range []struct {
+		name, model string
+		board       sim.Board
+	}{
+		{"pass-through h100", "h100-80gb", sim.Board{PassThrough: true}},
+		{"nvswitch a100", "a100-80gb", sim.Board{NoPerGPUReset: true}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := newRig(t, tc.model, 2)
+			r.node.SetBoard(tc.board)
+
+			statuses, err := r.applier.Apply(context.Background(), mig.Builtin(), mig.LayoutAllMax)
+			require.NoError(t, err)
+
+			for i, st := range statuses {
+				assert.Equal(t, mig.ResultPendingReboot, st.Result, st.Message)
+				assert.Contains(t, st.Message, "reboot to finish")
+				assert.False(t, st.Changed)
+
+				cur, pending := r.state(t, i)
+				assert.False(t, cur.MigEnabled)
+				assert.Equal(t, nvml.DEVICE_MIG_ENABLE, pending, "the pending mode is kept")
+			}
+
+			assert.Empty(t, r.changes, "nothing a workload sees changed")
+			assert.Equal(t, 1, r.node.Clients(0), "persistenced resumed")
+
+			r.node.Reboot()
+			require.Equal(t, nvml.SUCCESS, r.node.Init())
+			r.node.ResetCounters()
+
+			statuses, err = r.applier.Apply(context.Background(), mig.Builtin(), mig.LayoutAllMax)
+			require.NoError(t, err)
+
+			for _, st := range statuses {
+				assert.Equal(t, mig.ResultSuccess, st.Result, st.Message)
+			}
+
+			assert.Zero(t, r.node.Calls(sim.MSetMigMode))
+			assert.Zero(t, r.node.Calls(sim.MResetGPU))
+			assert.Equal(t, 4, r.node.MutatingCalls(), "one GPU and one compute instance per GPU")
+
+			r.node.ResetCounters()
+			_, err = r.applier.Apply(context.Background(), mig.Builtin(), mig.LayoutAllMax)
+			require.NoError(t, err)
+			assert.Zero(t, r.node.MutatingCalls())
+		})
+	}
+}
+
+// TestModeChangeThatMovesMinors: nvml.h allows a mode change to change the GPU's minor
+// number; the applier finds the GPU again by UUID and completes the layout.
+func TestModeChangeThatMovesMinors(t *testing.T) {
+	r := newRig(t, "h200", 2)
+	r.node.SetBoard(sim.Board{MinorsChangeOnReset: true})
+
+	statuses, err := r.applier.Apply(context.Background(), mig.Builtin(), mig.LayoutAllBalanced)
+	require.NoError(t, err)
+
+	for i, st := range statuses {
+		require.Equal(t, mig.ResultSuccess, st.Result, st.Message)
+		got, _ := r.state(t, i)
+		assert.Len(t, got.Instances, 4)
+	}
+
+	gpus, err := mig.ReadGPUs(r.node)
+	require.NoError(t, err)
+	assert.NotEqual(t, 0, gpus[0].Minor, "the minor moved")
+	assert.Equal(t, [][]int{{0, 1}}, r.changes, "device nodes are redone for both")
+}
+
+// TestInstanceChangeWaitsForComputeProcesses: rearranging instances never destroys one a
+// process runs on; the GPU is left alone and the process named.
+func TestInstanceChangeWaitsForComputeProcesses(t *testing.T) {
+	r := newRig(t, "h100-80gb", 1)
+	_, err := r.applier.Apply(context.Background(), mig.Builtin(), mig.LayoutAllBalanced)
+	require.NoError(t, err)
+
+	r.node.SetProcesses(0, nvml.ProcessInfo{Pid: 999, GpuInstanceId: 1, ComputeInstanceId: 0})
+	r.node.ResetCounters()
+
+	statuses, err := r.applier.Apply(context.Background(), mig.Builtin(), mig.LayoutAllMax)
+	require.NoError(t, err)
+	assert.Equal(t, mig.ResultPending, statuses[0].Result)
+	assert.Contains(t, statuses[0].Message, "its instances must change but the GPU is held open by pid 999")
+	assert.Zero(t, r.node.MutatingCalls())
+}
