@@ -240,16 +240,17 @@ func (a *Applier) applyGPU(ctx context.Context, layout string, gp GPUPlan, prepa
 		return st
 	}
 
-	modeChange := prev.MigEnabled != gp.Target.MigEnabled || pending != want
+	// Activating another mode unbinds or resets the GPU; setting the current one again (to
+	// cancel a pending change) does not.
+	activate := prev.MigEnabled != gp.Target.MigEnabled
 
 	// Never take a GPU from under anyone: a compute process blocks any change, and a mode
-	// change (which unbinds or resets the GPU) also waits for every process that holds the
-	// GPU open. Nothing is touched then.
-	if holders, err := a.holders(dev, g, modeChange); err != nil {
+	// change also waits for every process that holds the GPU open. Nothing is touched then.
+	if holders, err := a.holders(dev, g, activate); err != nil {
 		return failed(st, err)
 	} else if len(holders) > 0 {
 		what := "its instances must change"
-		if modeChange {
+		if activate {
 			what = fmt.Sprintf("its MIG mode must change (%s to %s)", modeWord(prev.MigEnabled), modeWord(gp.Target.MigEnabled))
 		}
 
@@ -437,15 +438,17 @@ func (a *Applier) converge(ctx context.Context, g *GPU, cur, target State) error
 	}
 
 	want := mode(target.MigEnabled)
-	modeChange := cur.MigEnabled != target.MigEnabled || pending != want
+	activate := cur.MigEnabled != target.MigEnabled
+	rebuild := activate || cur.signature() != target.signature()
 
-	if cur.MigEnabled && (modeChange || cur.signature() != target.signature()) {
+	if cur.MigEnabled && rebuild {
 		if err := a.destroyAll(dev, g); err != nil {
 			return err
 		}
 	}
 
-	if modeChange {
+	// A pending mode other than the target is set back too (nothing to activate then).
+	if activate || pending != want {
 		if err := a.setMode(ctx, g, want); err != nil {
 			return err
 		}
@@ -455,7 +458,7 @@ func (a *Applier) converge(ctx context.Context, g *GPU, cur, target State) error
 		}
 	}
 
-	if !target.MigEnabled || (!modeChange && cur.signature() == target.signature()) {
+	if !target.MigEnabled || !rebuild {
 		return nil
 	}
 

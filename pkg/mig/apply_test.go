@@ -6,6 +6,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"path/filepath"
 	"sort"
 	"strings"
 	"testing"
@@ -502,4 +503,37 @@ func TestInstanceChangeWaitsForComputeProcesses(t *testing.T) {
 	assert.Equal(t, mig.ResultPending, statuses[0].Result)
 	assert.Contains(t, statuses[0].Message, "its instances must change but the GPU is held open by pid 999")
 	assert.Zero(t, r.node.MutatingCalls())
+}
+
+// TestPendingChangeIsCancelledWhileHeld: a GPU in MIG mode with a disable pending (asked for
+// while held) takes a MIG layout without a reset: setting the current mode again needs no
+// unbind, so the monitoring clients that hold it do not matter.
+func TestPendingChangeIsCancelledWhileHeld(t *testing.T) {
+	r := newRig(t, "h100-80gb", 1)
+	_, err := r.applier.Apply(context.Background(), mig.Builtin(), mig.LayoutAllEnabled)
+	require.NoError(t, err)
+
+	r.node.Hold(sim.Holder{PID: 4200, Name: "dcgm-exporter", GPUs: []int{0}})
+	host := t.TempDir()
+	require.NoError(t, sim.WriteProcFS(host, r.node))
+	r.applier.ProcRoot = filepath.Join(host, "proc")
+
+	dev, _ := r.node.DeviceGetHandleByIndex(0)
+	activation, ret := dev.SetMigMode(nvml.DEVICE_MIG_DISABLE)
+	require.Equal(t, nvml.SUCCESS, ret)
+	require.Equal(t, nvml.ERROR_IN_USE, activation)
+
+	statuses, err := r.applier.Apply(context.Background(), mig.Builtin(), mig.LayoutAllMax)
+	require.NoError(t, err)
+	require.Equal(t, mig.ResultSuccess, statuses[0].Result, statuses[0].Message)
+
+	st, pending := r.state(t, 0)
+	assert.Equal(t, "MIG on: 7g.80gb@0[7g.80gb]", st.String())
+	assert.Equal(t, nvml.DEVICE_MIG_ENABLE, pending, "the pending disable is gone")
+
+	// Disabling for real does wait for the holder, named from /proc.
+	statuses, err = r.applier.Apply(context.Background(), mig.Builtin(), mig.LayoutAllDisabled)
+	require.NoError(t, err)
+	assert.Equal(t, mig.ResultPending, statuses[0].Result)
+	assert.Contains(t, statuses[0].Message, "MIG mode must change (enabled to disabled) but the GPU is held open by dcgm-exporter (pid 4200)")
 }
