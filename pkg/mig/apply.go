@@ -111,7 +111,8 @@ var (
 	errPendingReboot = errors.New("pending reboot")
 )
 
-// heldError names the processes that hold a GPU.
+// heldError is errPending or errPendingReboot with its message and the processes that hold
+// the GPU, where known.
 type heldError struct {
 	kind    error
 	msg     string
@@ -119,6 +120,11 @@ type heldError struct {
 }
 
 func (e *heldError) Error() string { return e.msg }
+
+// pendingReboot is errPendingReboot with a message of its own.
+func pendingReboot(format string, args ...any) error {
+	return &heldError{kind: errPendingReboot, msg: fmt.Sprintf(format, args...)}
+}
 func (e *heldError) Unwrap() error { return e.kind }
 
 // Apply plans the layout for every GPU (nothing changes if any GPU cannot
@@ -684,12 +690,12 @@ func (a *Applier) setMode(ctx context.Context, g *GPU, want int) (err error) {
 	}
 
 	if a.Resetter == nil {
-		return fmt.Errorf("%w: gpu %d: MIG mode change pending and no way to reset the GPU; reboot to finish", errPendingReboot, g.Index)
+		return pendingReboot("gpu %d: MIG mode change pending and no way to reset the GPU; reboot to finish", g.Index)
 	}
 
 	if err := a.Resetter.ResetGPU(ctx, g.Index); err != nil {
-		return fmt.Errorf("%w: gpu %d: MIG mode %s is pending; resetting the GPU failed (%v); reboot to finish (the pending mode is kept)",
-			errPendingReboot, g.Index, modeWord(want == nvml.DEVICE_MIG_ENABLE), err)
+		return pendingReboot("gpu %d: MIG mode %s is pending; resetting the GPU failed (%v); reboot to finish (the pending mode is kept)",
+			g.Index, modeWord(want == nvml.DEVICE_MIG_ENABLE), err)
 	}
 
 	if dev, err = a.device(g); err != nil {
@@ -701,7 +707,7 @@ func (a *Applier) setMode(ctx context.Context, g *GPU, want int) (err error) {
 	}
 
 	if cur != want {
-		return fmt.Errorf("%w: gpu %d: MIG mode still pending after a reset; reboot to finish", errPendingReboot, g.Index)
+		return pendingReboot("gpu %d: MIG mode still pending after a reset; reboot to finish", g.Index)
 	}
 
 	return nil
