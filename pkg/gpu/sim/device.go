@@ -173,6 +173,9 @@ func (d *Device) GetComputeRunningProcesses() ([]nvml.ProcessInfo, nvml.Return) 
 	return append([]nvml.ProcessInfo(nil), d.g.processes...), nvml.SUCCESS
 }
 
+// GetMigMode returns the current and the pending mode: nvml.h (nvmlDeviceGetMigMode) says the
+// pending one "refers to the target mode following the next activation trigger" (a reset, a
+// reboot), and it survives a reboot; see Reboot.
 func (d *Device) GetMigMode() (int, int, nvml.Return) {
 	defer d.end()
 	if ret := d.begin("GetMigMode"); ret != nvml.SUCCESS {
