@@ -249,10 +249,16 @@ func (a *Applier) applyGPU(ctx context.Context, layout string, gp GPUPlan, prepa
 	// Activating another mode unbinds or resets the GPU; setting the current one again (to
 	// cancel a pending change) does not.
 	activate := prev.MigEnabled != gp.Target.MigEnabled
+	destroys := prev.MigEnabled && len(prev.Instances) > 0 && (activate || prev.signature() != gp.Target.signature())
 
-	// Never take a GPU from under anyone: a compute process blocks any change, and a mode
-	// change also waits for every process that holds the GPU open. Nothing is touched then.
-	if holders, err := a.holders(dev, g, activate); err != nil {
+	// Never take a GPU from under anyone. Instances are destroyed only when no compute process
+	// runs on the GPU and, where the mode must change next, nothing holds it open (else the
+	// GPU would be left without them): nothing is touched then. Without instances to destroy,
+	// SetMigMode itself is asked: on a held GPU it sets the new mode pending (nvml.h), so the
+	// next boot activates it.
+	if !destroys {
+		// No instance to lose.
+	} else if holders, err := a.holders(dev, g, activate); err != nil {
 		return failed(st, err)
 	} else if len(holders) > 0 {
 		what := "its instances must change"
@@ -684,8 +690,9 @@ func (a *Applier) setMode(ctx context.Context, g *GPU, want int) (err error) {
 	}
 
 	if len(holders) > 0 {
-		return &heldError{kind: errPendingReboot, holders: holders, msg: fmt.Sprintf(
-			"gpu %d: MIG mode %s is pending until a GPU reset, and the GPU is held open by %s; reboot to finish (the pending mode is kept)",
+		// Pausing them lets a restart reset the GPU; a reboot activates the kept pending mode.
+		return &heldError{kind: errPending, holders: holders, msg: fmt.Sprintf(
+			"gpu %d: MIG mode %s is pending until a GPU reset, and the GPU is held open by %s; it changes at the next boot, before workloads start, or on a restart once these have stopped",
 			g.Index, modeWord(want == nvml.DEVICE_MIG_ENABLE), gpu.HolderList(holders))}
 	}
 

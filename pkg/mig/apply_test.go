@@ -309,10 +309,11 @@ func TestPendingWhenProcessesUseTheGPU(t *testing.T) {
 			assert.Equal(t, mig.ResultSuccess, statuses[0].Result, statuses[0].Message)
 			assert.Equal(t, mig.ResultPending, statuses[1].Result)
 			assert.Contains(t, statuses[1].Message, "held open by pid 4242")
-			assert.Equal(t, 0, r.node.Calls(sim.MSetMigMode)-1, "only GPU 0 changed mode")
+			assert.Equal(t, 2, r.node.Calls(sim.MSetMigMode), "GPU 1's new mode is only set pending")
 
-			st, _ := r.state(t, 1)
-			assert.False(t, st.MigEnabled)
+			st, pending := r.state(t, 1)
+			assert.False(t, st.MigEnabled, "the workload keeps its GPU")
+			assert.Equal(t, nvml.DEVICE_MIG_ENABLE, pending, "the next boot activates it")
 			assert.Equal(t, [][]int{{0}}, r.changes)
 		})
 	}

@@ -168,69 +168,88 @@ mig-configs:
 
 // TestBusyNodeLayoutChangeIsPendingWithHoldersNamed: the device plugin and the DCGM exporter
 // hold every GPU open through NVML (no compute process). A layout that enables MIG on GPUs 0
-// and 1 changes nothing and ends pending with both holders named, once (no retry); GPUs 2
-// and 3 stay served (device nodes, CDI devices) and the node is ready. When the holders are
-// gone (the user paused them) a restart applies it, withdrawing the readiness file before the
-// first call that changes a GPU.
+// and 1 ends pending with both holders named, once (no retry): NVML keeps the new mode
+// pending (activationStatus IN_USE) and the current one stays. GPUs 2 and 3 get no call and
+// stay served (device nodes, CDI devices); the node is ready. The readiness file of the
+// previous run is gone before the first mutating call. Then either way out finishes it: a
+// restart once the holders are paused, or a reboot (with no further mode change).
 func TestBusyNodeLayoutChangeIsPendingWithHoldersNamed(t *testing.T) {
-	gpus := sim.New(testutil.Model(t, "h200"), 4)
-	gpus.Hold(sim.Holder{PID: 4100, Name: "nvidia-device-plugin", GPUs: []int{0, 1, 2, 3}})
-	gpus.Hold(sim.Holder{PID: 4200, Name: "dcgm-exporter", GPUs: []int{0, 1, 2, 3}})
+	for _, finish := range []string{"pause and restart", "reboot"} {
+		t.Run(finish, func(t *testing.T) {
+			gpus := sim.New(testutil.Model(t, "h200"), 4)
+			gpus.Hold(sim.Holder{PID: 4100, Name: "nvidia-device-plugin", GPUs: []int{0, 1, 2, 3}})
+			gpus.Hold(sim.Holder{PID: 4200, Name: "dcgm-exporter", GPUs: []int{0, 1, 2, 3}})
 
-	m := newMIGNode(t, gpus, busyLayouts)
+			m := newMIGNode(t, gpus, busyLayouts)
 
-	// The readiness file of the previous run, which the DaemonSets' init containers would see.
-	require.NoError(t, driverroot.MarkReady(filepath.Dir(m.readyFile()), []byte("{}\n")))
+			// The readiness file of the previous run, which the DaemonSets' init containers would see.
+			require.NoError(t, driverroot.MarkReady(filepath.Dir(m.readyFile()), []byte("{}\n")))
 
-	st, logs := m.run("first-two", true)
+			st, logs := m.run("first-two", true)
 
-	require.Equal(t, node.PhaseReady, st.Phase, logs)
-	require.Len(t, st.MIG, 4)
+			require.Equal(t, node.PhaseReady, st.Phase, logs)
+			require.Len(t, st.MIG, 4)
 
-	for i := range 2 {
-		res := st.MIG[i]
-		assert.Equal(t, mig.ResultPending, res.Result, res.Message)
-		assert.Equal(t, []gpu.Holder{{PID: 4100, Name: "nvidia-device-plugin"}, {PID: 4200, Name: "dcgm-exporter"}}, res.Holders)
-		assert.Contains(t, res.Message, "held open by nvidia-device-plugin (pid 4100), dcgm-exporter (pid 4200)")
-		assert.Contains(t, res.Message, "at the next boot, before workloads start")
-		assert.Equal(t, nvml.DEVICE_MIG_DISABLE, gpus.State(i).MigMode)
+			for i := range 2 {
+				res := st.MIG[i]
+				assert.Equal(t, mig.ResultPending, res.Result, res.Message)
+				assert.Equal(t, []gpu.Holder{{PID: 4100, Name: "nvidia-device-plugin"}, {PID: 4200, Name: "dcgm-exporter"}}, res.Holders)
+				assert.Contains(t, res.Message, "held open by nvidia-device-plugin (pid 4100), dcgm-exporter (pid 4200)")
+				assert.Contains(t, res.Message, "at the next boot, before workloads start")
+				assert.Equal(t, nvml.DEVICE_MIG_DISABLE, gpus.State(i).MigMode, "the current mode stays")
+				assert.Equal(t, nvml.DEVICE_MIG_ENABLE, gpus.State(i).PendingMigMode, "NVML keeps the new one pending")
+			}
+
+			for i := 2; i < 4; i++ {
+				assert.Equal(t, mig.ResultSuccess, st.MIG[i].Result)
+				assert.Contains(t, st.MIG[i].Message, "not selected")
+			}
+
+			assert.Contains(t, st.Message, `MIG layout "first-two": pending (GPU 0 pending: held open by nvidia-device-plugin (pid 4100), dcgm-exporter (pid 4200); GPU 1 pending`)
+
+			per, withdrawn := m.calls()
+			assert.Equal(t, map[int]int{0: 1, 1: 1}, per, "one SetMigMode each, nothing for GPUs 2 and 3")
+			assert.Equal(t, 2, gpus.Calls(sim.MSetMigMode))
+			assert.True(t, withdrawn, "the readiness file was gone before the first mutating call")
+			assert.Equal(t, 1, strings.Count(logs, `msg="mig layout" gpu=0`), "tried once, not retried:\n%s", logs)
+
+			assert.FileExists(t, m.readyFile(), "the node is ready")
+			assert.FileExists(t, filepath.Join(m.host, "dev/nvidia3"))
+			assert.Subset(t, m.cdiDevices(), []string{"nvidia.com/gpu=2", "nvidia.com/gpu=3", "nvidia.com/gpu=" + m.uuid(3), "nvidia.com/gpu=all"})
+
+			gpus.ResetCounters()
+
+			if finish == "reboot" {
+				gpus.Reboot() // the holders' pods start later, after the readiness file
+			} else {
+				// The user paused both DaemonSets (docs/mig.md, section 5); the service restarts.
+				gpus.Release(4100)
+				gpus.Release(4200)
+			}
+
+			st, logs = m.run("first-two", false)
+
+			require.Equal(t, node.PhaseReady, st.Phase, logs)
+
+			for i := range 2 {
+				assert.Equal(t, mig.ResultSuccess, st.MIG[i].Result, st.MIG[i].Message)
+				assert.Len(t, gpus.State(i).Instances, 2)
+			}
+
+			// 2 GPU and 2 compute instances per GPU; a mode change only without the reboot.
+			want := 4
+			if finish != "reboot" {
+				want++
+			}
+
+			per, withdrawn = m.calls()
+			assert.Equal(t, map[int]int{0: want, 1: want}, per, "nothing for GPUs 2 and 3")
+			assert.True(t, withdrawn, "the readiness file was gone before the first mutating call")
+			assert.FileExists(t, m.readyFile(), "and is back once the node is ready")
+			assert.FileExists(t, filepath.Join(m.host, "dev/nvidia3"))
+			assert.Contains(t, m.cdiDevices(), "nvidia.com/gpu=3", "the spec of the earlier run stays until the next one replaces it")
+		})
 	}
-
-	for i := 2; i < 4; i++ {
-		assert.Equal(t, mig.ResultSuccess, st.MIG[i].Result)
-		assert.Contains(t, st.MIG[i].Message, "not selected")
-	}
-
-	assert.Contains(t, st.Message, `MIG layout "first-two": pending (GPU 0 pending: held open by nvidia-device-plugin (pid 4100), dcgm-exporter (pid 4200); GPU 1 pending`)
-	per, _ := m.calls()
-	assert.Empty(t, per, "no GPU was touched")
-	assert.Equal(t, 1, strings.Count(logs, `msg="mig layout" gpu=0`), "tried once, not retried:\n%s", logs)
-
-	assert.FileExists(t, m.readyFile())
-	assert.FileExists(t, filepath.Join(m.host, "dev/nvidia3"))
-	assert.Subset(t, m.cdiDevices(), []string{"nvidia.com/gpu=2", "nvidia.com/gpu=3", "nvidia.com/gpu=" + m.uuid(3), "nvidia.com/gpu=all"})
-
-	// The user paused both DaemonSets (docs/mig.md): the holders are gone; the service restarts.
-	gpus.Release(4100)
-	gpus.Release(4200)
-
-	st, logs = m.run("first-two", false)
-
-	require.Equal(t, node.PhaseReady, st.Phase, logs)
-
-	for i := range 2 {
-		assert.Equal(t, mig.ResultSuccess, st.MIG[i].Result, st.MIG[i].Message)
-		assert.Len(t, gpus.State(i).Instances, 2)
-	}
-
-	per, withdrawn := m.calls()
-	assert.NotZero(t, per[0])
-	assert.NotZero(t, per[1])
-	assert.Zero(t, per[2]+per[3], "GPUs the change does not touch get no call")
-	assert.True(t, withdrawn, "the readiness file was gone before the first mutating call")
-	assert.FileExists(t, m.readyFile(), "and is back once the node is ready")
-	assert.FileExists(t, filepath.Join(m.host, "dev/nvidia3"))
-	assert.Contains(t, m.cdiDevices(), "nvidia.com/gpu=3", "the spec of the earlier run stays until the next one replaces it")
 }
 
 const a100Layouts = `version: v1
