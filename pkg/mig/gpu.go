@@ -90,6 +90,7 @@ func ReadGPUs(lib nvml.Interface) ([]*GPU, error) {
 	}
 
 	gpus := make([]*GPU, 0, len(list))
+	known := models.All()
 
 	for _, base := range list {
 		dev, ret := lib.DeviceGetHandleByIndex(base.Index)
@@ -97,7 +98,7 @@ func ReadGPUs(lib nvml.Interface) ([]*GPU, error) {
 			return nil, fmt.Errorf("gpu %d: get handle: %w", base.Index, ret)
 		}
 
-		g, err := readProfiles(base, dev)
+		g, err := readProfiles(base, dev, known)
 		if err != nil {
 			return nil, err
 		}
@@ -109,7 +110,7 @@ func ReadGPUs(lib nvml.Interface) ([]*GPU, error) {
 }
 
 // readProfiles asks NVML for the GPU-instance profiles and their possible placements.
-func readProfiles(base gpu.GPU, dev nvml.Device) (*GPU, error) {
+func readProfiles(base gpu.GPU, dev nvml.Device, known map[uint32]models.Model) (*GPU, error) {
 	g := &GPU{GPU: base}
 	if !base.MigCapable() {
 		return g, nil
@@ -141,15 +142,15 @@ func readProfiles(base gpu.GPU, dev nvml.Device) (*GPU, error) {
 		})
 	}
 
-	g.ComputeProfiles = computeProfiles(g)
+	g.ComputeProfiles = computeProfiles(g, known)
 
 	return g, nil
 }
 
 // computeProfiles are the compute profiles of a GPU's model data where the model is known
 // (by PCI id), else the MIG user guide's rule.
-func computeProfiles(g *GPU) map[uint32][]models.CIProfile {
-	if m, ok := models.ByPCIID(g.PciDeviceID); ok {
+func computeProfiles(g *GPU, known map[uint32]models.Model) map[uint32][]models.CIProfile {
+	if m, ok := known[g.PciDeviceID]; ok {
 		return m.ComputeProfiles
 	}
 

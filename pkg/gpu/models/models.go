@@ -149,14 +149,22 @@ func Lookup(key string) (Model, error) {
 
 // ByPCIID returns the known model with this PCI device id (device<<16 | vendor).
 func ByPCIID(id uint32) (Model, bool) {
+	m, ok := All()[id]
+
+	return m, ok
+}
+
+// All returns every known model by PCI device id, each file read once.
+func All() map[uint32]Model {
+	out := map[uint32]Model{}
+
 	for _, k := range Keys() {
-		m, err := Lookup(k)
-		if err == nil && m.PciDeviceID == id {
-			return m, true
+		if m, err := Lookup(k); err == nil {
+			out[m.PciDeviceID] = m
 		}
 	}
 
-	return Model{}, false
+	return out
 }
 
 func parse(data []byte) (Model, error) {
