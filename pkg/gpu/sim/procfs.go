@@ -40,8 +40,9 @@ func MigMinor(gpuMinor, gi, ci int) int {
 // WriteProcFS writes under hostRoot the /proc and /sys files that a loaded NVIDIA driver
 // offers for the GPUs that lib reports: device majors, the driver version, one information
 // file per GPU, the MIG capability minors and a capability file for every MIG instance that
-// exists, and for every process that holds GPUs open (a Node's holders) its comm and the
-// /proc/<pid>/fd links to /dev/nvidiactl and /dev/nvidia<minor>. The device-node job and the
+// exists, and for every process that holds GPUs open (a Node's holders, and compute
+// processes) the /proc/<pid>/fd links to /dev/nvidiactl and /dev/nvidia<minor> (and its comm
+// where the holder has a name). The device-node job and the
 // MIG applier read exactly these files, so a simulated node looks to them like a real one.
 // NVML must be initialized.
 func WriteProcFS(hostRoot string, lib nvml.Interface) error {
@@ -118,6 +119,23 @@ func WriteProcFS(hostRoot string, lib nvml.Interface) error {
 			for i, idx := range hd.GPUs {
 				links[filepath.Join(dir, "fd", strconv.Itoa(4+i))] = fmt.Sprintf("/dev/nvidia%d", minors[idx])
 			}
+		}
+	}
+
+	// Compute processes have their GPU open too.
+	for _, g := range gpus {
+		d, ret := lib.DeviceGetHandleByIndex(g.Index)
+		if ret != nvml.SUCCESS {
+			return fmt.Errorf("GPU %d: %w", g.Index, ret)
+		}
+
+		procs, ret := d.GetComputeRunningProcesses()
+		if ret != nvml.SUCCESS {
+			return fmt.Errorf("GPU %d: compute processes: %w", g.Index, ret)
+		}
+
+		for _, p := range procs {
+			links[filepath.Join("proc", strconv.Itoa(int(p.Pid)), "fd", strconv.Itoa(100+g.Index))] = fmt.Sprintf("/dev/nvidia%d", g.Minor)
 		}
 	}
 

@@ -6,6 +6,7 @@ import (
 	"context"
 	"encoding/json"
 	"os"
+	"path/filepath"
 	"testing"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
@@ -13,6 +14,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/talos-nvidia/nvidia-driver/pkg/gpu"
 	"github.com/talos-nvidia/nvidia-driver/pkg/gpu/sim"
 )
 
@@ -365,4 +367,32 @@ func TestUnsimulatedCallPanicsWithItsName(t *testing.T) {
 	require.Equal(t, nvml.SUCCESS, node.Init())
 	dev, _ := node.DeviceGetHandleByIndex(0)
 	assert.PanicsWithValue(t, "Device.GetPowerUsageFunc: method is nil but Device.GetPowerUsage was just called", func() { _, _ = dev.GetPowerUsage() })
+}
+
+// TestHoldersShowInProc: a simulated node's holders and compute processes appear in its
+// /proc as the kernel shows them, so gpu.Holders finds them as on a node; a released holder
+// disappears at the next write.
+func TestHoldersShowInProc(t *testing.T) {
+	node := sim.New(testutil.Model(t, "h200"), 2)
+	require.Equal(t, nvml.SUCCESS, node.Init())
+	node.Hold(sim.Holder{PID: 4100, Name: "nvidia-device-plugin", GPUs: []int{0, 1}})
+	node.Hold(sim.Holder{PID: 4200, Name: "dcgm-exporter", GPUs: []int{1}})
+	node.SetProcesses(0, nvml.ProcessInfo{Pid: 555})
+
+	host := t.TempDir()
+	require.NoError(t, sim.WriteProcFS(host, node))
+
+	got, err := gpu.Holders(filepath.Join(host, "proc"), 0)
+	require.NoError(t, err)
+	assert.Equal(t, []gpu.Holder{{PID: 555}, {PID: 4100, Name: "nvidia-device-plugin"}}, got)
+
+	got, err = gpu.Holders(filepath.Join(host, "proc"), 1)
+	require.NoError(t, err)
+	assert.Equal(t, []gpu.Holder{{PID: 4100, Name: "nvidia-device-plugin"}, {PID: 4200, Name: "dcgm-exporter"}}, got)
+
+	node.Release(4100)
+	require.NoError(t, sim.WriteProcFS(host, node))
+	got, err = gpu.Holders(filepath.Join(host, "proc"), 1)
+	require.NoError(t, err)
+	assert.Equal(t, []gpu.Holder{{PID: 4200, Name: "dcgm-exporter"}}, got)
 }
