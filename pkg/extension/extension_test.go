@@ -315,6 +315,27 @@ func TestKernelModulesMustMatchThePayload(t *testing.T) {
 			modules: map[string][2]string{"nvidia": {"535.309.01", "NVIDIA"}, "nvidia-modeset": {"535.309.01", "NVIDIA"}},
 		},
 		{
+			// NVIDIA's open build: nvidia-peermem.ko declares Linux-OpenIB.
+			name: "open modules with nvidia-peermem",
+			kind: extension.ModulesOpen,
+			modules: map[string][2]string{
+				"nvidia": {"535.309.01", "Dual MIT/GPL"}, "nvidia-uvm": {"535.309.01", "Dual MIT/GPL"},
+				"nvidia-peermem": {"535.309.01", "Linux-OpenIB"},
+			},
+		},
+		{
+			name:    "open modules named proprietary",
+			kind:    extension.ModulesProprietary,
+			modules: map[string][2]string{"nvidia": {"535.309.01", "Dual MIT/GPL"}, "nvidia-peermem": {"535.309.01", "Linux-OpenIB"}},
+			want:    []string{"/usr/lib/modules/" + kver + "/extras/nvidia.ko: license \"Dual MIT/GPL\", but proprietary modules declare \"NVIDIA\""},
+		},
+		{
+			name:    "nvidia-peermem of another version",
+			kind:    extension.ModulesOpen,
+			modules: map[string][2]string{"nvidia": {"535.309.01", "Dual MIT/GPL"}, "nvidia-peermem": {"580.178.04", "Linux-OpenIB"}},
+			want:    []string{"/usr/lib/modules/" + kver + "/extras/nvidia-peermem.ko: module version \"580.178.04\" differs from the userspace driver's"},
+		},
+		{
 			name:    "modules of another version",
 			kind:    extension.ModulesOpen,
 			modules: map[string][2]string{"nvidia": {"535.309.01", "Dual MIT/GPL"}, "nvidia-uvm": {"580.159.04", "Dual MIT/GPL"}},
