@@ -23,16 +23,22 @@ GO_LDFLAGS := -s -w -X main.version=$(VERSION)
 HOOK_PKG := github.com/NVIDIA/nvidia-container-toolkit/cmd/nvidia-cdi-hook
 SUBROOT := $(OUT)/subroot-debian
 
-.PHONY: all build subroot test lint demo deps clean e2e-tools e2e-gpu extension harness flavors
+.PHONY: all build binaries subroot test lint demo deps clean e2e-tools e2e-gpu extension harness flavors
 
 all: build
 
-build: $(SUBROOT)
+build: binaries $(SUBROOT)
+	install -m 0755 $(SUBROOT)/sbin/ldconfig $(OUT)/bin/ldconfig
+
+# The binaries alone, without the Debian subroot: what the release recipe's
+# nvidia-driver-binaries stage (pkg.yaml) runs. The extension validator is static: the
+# recipes' test steps run it in a musl image.
+binaries:
 	go build -trimpath -ldflags '$(GO_LDFLAGS)' -o $(OUT)/bin/nvidia-driver ./service
 	go build -trimpath -o $(OUT)/bin/nvidia-cdi-hook \
 	  -ldflags "-s -w -linkmode external -extldflags '-Wl,--dynamic-linker=$(GLIBC_ROOT)/lib64/ld-linux-x86-64.so.2 -Wl,-rpath,$(GLIBC_ROOT)/usr/lib64'" \
 	  $(HOOK_PKG)
-	install -m 0755 $(SUBROOT)/sbin/ldconfig $(OUT)/bin/ldconfig
+	CGO_ENABLED=0 go build -trimpath -ldflags '-s -w' -o $(OUT)/bin/extension ./hack/extension
 	hack/stage-service-rootfs.sh $(OUT)/bin/nvidia-driver $(OUT)/containers/nvidia-driver
 
 # The development subroot, from Debian's non-free packages (the tests' and the demo's fixture).
