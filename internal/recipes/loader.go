@@ -307,7 +307,7 @@ func (t *Tree) attachTemplates(w walked) []error {
 
 	for _, rel := range w.templates {
 		var (
-			closest *Pkg
+			closest  *Pkg
 			shortest string
 		)
 

@@ -22,34 +22,7 @@ import (
 )
 
 // built returns Options for the development image from make build's outputs.
-func built(t *testing.T) extension.Options {
-	t.Helper()
-
-	top := testutil.RepoRoot(t)
-	out := filepath.Join(top, "_out")
-
-	for _, p := range []string{"bin/nvidia-cdi-hook", "bin/ldconfig", "containers/nvidia-driver/usr/bin/nvidia-driver"} {
-		if _, err := os.Stat(filepath.Join(out, p)); err != nil {
-			if os.Getenv("CI") != "" {
-				t.Fatalf("%s missing: CI runs make build first", p)
-			}
-
-			t.Skipf("%s missing: run make build first", p)
-		}
-	}
-
-	return extension.Options{
-		Name: "nvidia-driver-test", VersionSuffix: "-test", TalosVersion: "v1.13.5", TalosConstraint: "= v1.13.5",
-		Author: "test", Description: "test build",
-		Payload:       testutil.Subroot(t),
-		ServiceRootfs: filepath.Join(out, "containers/nvidia-driver"),
-		ServiceSpec:   filepath.Join(top, "extension/nvidia-driver.yaml"),
-		Hook:          filepath.Join(out, "bin/nvidia-cdi-hook"),
-		Ldconfig:      filepath.Join(out, "bin/ldconfig"),
-		Overlay:       filepath.Join(top, "extension/rootfs"),
-		OutDir:        t.TempDir(),
-	}
-}
+func built(t *testing.T) extension.Options { return testutil.DevExtension(t) }
 
 func quiet() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
 
@@ -280,19 +253,6 @@ func compile(t *testing.T, src string, flags ...string) string {
 	return bin
 }
 
-// module compiles an object file whose .modinfo says what a kernel module's would.
-func module(t *testing.T, dir, name, version, license string) {
-	t.Helper()
-
-	src := filepath.Join(t.TempDir(), "mod.c")
-	info := "version=" + version + `\0license=` + license + `\0name=` + strings.ReplaceAll(name, "-", "_")
-	require.NoError(t, os.WriteFile(src, []byte(`__attribute__((section(".modinfo"), used)) static const char modinfo[] = "`+info+`";`+"\n"), 0o644))
-	require.NoError(t, os.MkdirAll(dir, 0o755))
-
-	out, err := exec.Command("gcc", "-c", "-o", filepath.Join(dir, name+".ko"), src).CombinedOutput()
-	require.NoError(t, err, "%s", out)
-}
-
 func TestKernelModulesMustMatchThePayload(t *testing.T) {
 	testutil.RequireRoot(t)
 
@@ -361,7 +321,7 @@ func TestKernelModulesMustMatchThePayload(t *testing.T) {
 			o.Modules, o.ModuleKind = t.TempDir(), tc.kind
 
 			for name, vl := range tc.modules {
-				module(t, filepath.Join(o.Modules, kver, "extras"), name, vl[0], vl[1])
+				testutil.KernelModule(t, filepath.Join(o.Modules, kver, "extras"), name, vl[0], vl[1])
 			}
 
 			res, err := extension.Assemble(quiet(), o)
