@@ -30,7 +30,7 @@ import (
 // *.tmpl and directories, without _out/.
 type tree struct{ root string }
 
-func (t tree) ToState() (llb.State, error)      { return llb.Scratch(), nil }
+func (t tree) ToState() (llb.State, error)    { return llb.Scratch(), nil }
 func (t tree) Evaluate(context.Context) error { return nil }
 
 func (t tree) ReadFile(_ context.Context, req client.ReadRequest) ([]byte, error) {
