@@ -178,7 +178,10 @@ func TestFlavorsMatchTheirRelease(t *testing.T) {
 				assert.Equal(t, r.Pkgs, p.Vars["PKGS_VERSION"])
 				assert.Equal(t, r.Kernel, p.Vars["KERNEL_VERSION"])
 				assert.Equal(t, extension.ModuleKind(f.Modules).License(), p.Vars["NVIDIA_MODULES_LICENSE"], "the license nvidia.ko of this kind declares")
-				assert.Contains(t, tr.Images(f.Name), "ghcr.io/siderolabs/"+f.ModulesImage+":"+r.Pkgs, "kernel modules signed for this release")
+				// siderolabs/pkgs names the images of the two kinds so (nvidia-gpu/nvidia-modules and
+				// nonfree/kmod-nvidia in siderolabs/extensions pull them).
+				kindImage := map[string]string{"open": "nvidia-open-gpu-kernel-modules-", "proprietary": "nonfree-kmod-nvidia-"}[f.Modules] + f.Branch + "-pkg"
+				assert.Contains(t, tr.Images(f.Name), "ghcr.io/siderolabs/"+kindImage+":"+r.Pkgs, "kernel modules of the flavor's kind, signed for this release")
 				assert.Contains(t, tr.Images(f.Name), "cgr.dev/chainguard/wolfi-base@"+r.WolfiBaseRef)
 
 				us := tr.Pkg("nvidia-userspace-" + f.Branch)
