@@ -208,12 +208,18 @@ func ReadRelease(dir string, m Machinery) (Release, error) {
 		errs = append(errs, fmt.Errorf("%s: siderolabs/extensions builds against pkgs %q, Talos %s against %q", filepath.Join(dir, ExtensionsMakefileFile), r.ExtensionsPkgs, talos, m.Pkgs))
 	}
 
-	if tag, err := provenanceTag(filepath.Join(dir, PkgsPkgfileFile)); err != nil || tag != m.Pkgs {
-		errs = append(errs, fmt.Errorf("%s: vendored from pkgs %q, Talos %s is built from pkgs %q (%v)", filepath.Join(dir, PkgsPkgfileFile), tag, talos, m.Pkgs, err))
+	switch tag, err := provenanceTag(filepath.Join(dir, PkgsPkgfileFile)); {
+	case err != nil:
+		errs = append(errs, err)
+	case tag != m.Pkgs:
+		errs = append(errs, fmt.Errorf("%s: vendored from pkgs %q, Talos %s is built from pkgs %q", filepath.Join(dir, PkgsPkgfileFile), tag, talos, m.Pkgs))
 	}
 
-	if tag, err := provenanceTag(filepath.Join(dir, ExtensionsVarsFile)); err != nil || tag != talos {
-		errs = append(errs, fmt.Errorf("%s: vendored from extensions %q, not %s (%v)", filepath.Join(dir, ExtensionsVarsFile), tag, talos, err))
+	switch tag, err := provenanceTag(filepath.Join(dir, ExtensionsVarsFile)); {
+	case err != nil:
+		errs = append(errs, err)
+	case tag != talos:
+		errs = append(errs, fmt.Errorf("%s: vendored from extensions %q, not %s", filepath.Join(dir, ExtensionsVarsFile), tag, talos))
 	}
 
 	for _, b := range Branches {
