@@ -58,6 +58,7 @@ test: deps build lint
 lint:
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt would change:"; echo "$$out"; exit 1; fi
 	go vet ./...
+	go vet -tags simulate ./service
 
 # EXTENSION_FLAGS: e.g. -name nvidia-driver-dev-host -payload _out/subroot-host (see hack/extension).
 extension: build
@@ -83,7 +84,9 @@ release-image:
 	  $(if $(TALOS_VERSION),--build-arg=TALOS_VERSION=$(TALOS_VERSION)) --build-arg=PKGS_PREFIX=$(PKGS_PREFIX) --build-arg=TAG=$(VERSION) \
 	  $(if $(IMAGE),--tag=$(IMAGE) --push,--output=type=docker,dest=$(OUT)/$(FLAVOR).tar)
 
+# The demo build: the service plus simulated GPUs (-tags simulate); the product has neither.
 demo: build
+	go build -trimpath -tags simulate -o $(OUT)/bin/nvidia-driver-demo ./service
 	hack/demo.sh
 
 # What the GPU end-to-end test needs besides `make build`: nvidia-ctk from the same toolkit
