@@ -40,7 +40,7 @@ func TestDevicePluginPod(t *testing.T) {
 
 	// Plain runc: no runtime class, no NVIDIA runtime.
 	assert.Nil(t, pod.RuntimeClassName)
-	gpuNodeAffinity(t, pod)
+	gpuNodeAffinity(t, pod, "nvidia.com/gpu.deploy.device-plugin")
 	assert.Contains(t, pod.Tolerations, corev1.Toleration{Key: "nvidia.com/gpu", Operator: corev1.TolerationOpExists, Effect: corev1.TaintEffectNoSchedule})
 
 	plugin := container(t, pod, "nvidia-device-plugin-ctr")

@@ -5,7 +5,8 @@
 # Needs root (mounts, mknod).
 set -euo pipefail
 top=$(cd "$(dirname "$0")/.." && pwd)
-bin=${BIN:-$top/_out/bin/nvidia-driver}
+# The demo build of the service (go build -tags simulate): it alone knows NVIDIA_DRIVER_SIMULATE.
+bin=${BIN:-$top/_out/bin/nvidia-driver-demo}
 subroot=${SUBROOT:-$top/_out/subroot-debian}
 gpus=${SIMULATE:-h200:4}
 layout=${MIG_LAYOUT:-all-balanced}

@@ -25,14 +25,16 @@ interp=$(readelf -l "$bin" | sed -n 's/.*Requesting program interpreter: \(.*\)]
 [ -n "$interp" ] || { echo "stage-service-rootfs: $bin has no ELF interpreter" >&2; exit 1; }
 cp -L "$interp" "$stage/lib64/ld-linux-x86-64.so.2"
 
-# Every library the binary needs, as the build machine's loader resolves it.
-ldd "$bin" | awk '/=> \//{print $3}' | while read -r lib; do
+# Every library the binary needs, as the build machine's loader resolves it (the loader's
+# --list is what ldd runs; the release build installs no ldd).
+list() { "$interp" --list "$1"; }
+list "$bin" | awk '/=> \//{print $3}' | while read -r lib; do
   cp -L "$lib" "$stage/lib/x86_64-linux-gnu/"
 done
 # And the rest of the same glibc: the service dlopens the subroot's libnvidia-ml.so.1, which
 # needs libm, libdl, libpthread and librt. They must come from the glibc of the service's own
 # libc, never from the subroot's (another glibc version).
-libc=$(ldd "$bin" | awk '/libc\.so\.6 => \//{print $3}')
+libc=$(list "$bin" | awk '/libc\.so\.6 => \//{print $3}')
 for lib in libm.so.6 libdl.so.2 libpthread.so.0 librt.so.1 libresolv.so.2; do
   cp -L "$(dirname "$libc")/$lib" "$stage/lib/x86_64-linux-gnu/"
 done

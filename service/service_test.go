@@ -69,6 +69,9 @@ func run(t *testing.T, sc scenario) outcome {
 	testutil.RequireRoot(t)
 
 	bin := testutil.ServiceBinary(t)
+	if _, simulated := sc.Env["NVIDIA_DRIVER_SIMULATE"]; simulated {
+		bin = testutil.DemoBinary(t)
+	}
 	spec, err := json.Marshal(sc)
 	require.NoError(t, err)
 
@@ -141,6 +144,24 @@ func TestBadConfigurationExitsWithoutChanges(t *testing.T) {
 	assert.Contains(t, o.Log, `NVIDIA_DRIVER_PERSISTENCE_MODE: "sometimes" is not a boolean`)
 	assert.False(t, o.Mounted)
 	assert.Empty(t, o.DevEntries)
+}
+
+// TestProductHasNoSimulator: the simulated NVML (and go-nvml's mocks, which panic on calls
+// they do not implement) is only in the demo build; the product rejects the demo's setting
+// like any unknown one, before touching anything.
+func TestProductHasNoSimulator(t *testing.T) {
+	list := exec.Command("go", "list", "-deps", "./service")
+	list.Dir = testutil.RepoRoot(t)
+	out, err := list.Output()
+	require.NoError(t, err)
+	assert.NotContains(t, string(out), "nvidia-driver/pkg/gpu/sim\n")
+	assert.NotContains(t, string(out), "go-nvml/pkg/nvml/mock")
+
+	cmd := exec.Command(testutil.ServiceBinary(t), "run")
+	cmd.Env = []string{"NVIDIA_DRIVER_SIMULATE=h200:1", "NVIDIA_DRIVER_HOST_ROOT=" + t.TempDir()}
+	msg, err := cmd.CombinedOutput()
+	require.Error(t, err)
+	assert.Contains(t, string(msg), "unknown variable NVIDIA_DRIVER_SIMULATE")
 }
 
 // TestSIGTERMDuringBringUp stops the service at many moments of its bring-up: it must exit 0

@@ -75,16 +75,31 @@ func Subroot(t testing.TB) string {
 func ServiceBinary(t testing.TB) string {
 	t.Helper()
 
+	return buildService(t, "nvidia-driver")
+}
+
+// DemoBinary builds the demo build of the service (-tags simulate, as `make demo` does): the
+// product plus simulated GPUs chosen with NVIDIA_DRIVER_SIMULATE=MODEL:COUNT.
+func DemoBinary(t testing.TB) string {
+	t.Helper()
+
+	return buildService(t, "nvidia-driver-demo", "-tags", "simulate")
+}
+
+func buildService(t testing.TB, name string, flags ...string) string {
+	t.Helper()
+
 	top := RepoRoot(t)
-	path := filepath.Join(top, "_out", "test", "nvidia-driver")
+	path := filepath.Join(top, "_out", "test", name)
 
 	withLock(t, filepath.Join(top, "_out", ".build.lock"), func() {
-		cmd := exec.Command("go", "build", "-o", path, "./service")
+		args := append(append([]string{"build"}, flags...), "-o", path, "./service")
+		cmd := exec.Command("go", args...)
 		cmd.Dir = top
 		cmd.Env = append(os.Environ(), "CGO_CFLAGS=-O2 -Wno-deprecated-declarations")
 
 		if out, err := cmd.CombinedOutput(); err != nil {
-			t.Fatalf("building nvidia-driver: %v\n%s", err, out)
+			t.Fatalf("building %s: %v\n%s", name, err, out)
 		}
 	})
 

@@ -10,7 +10,6 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
-	"regexp"
 	"sort"
 	"strconv"
 	"strings"
@@ -64,9 +63,6 @@ type Config struct {
 
 	NFDFeaturesDir string // a host path; empty: off
 
-	// Simulate replaces the GPUs with simulated ones, e.g. "h200:4" (the demo).
-	Simulate string
-
 	// Source says where each setting came from ("default", "env", the file), for the log.
 	Source map[string]string
 }
@@ -109,7 +105,6 @@ func settings() []setting {
 		{"migConfig", "MIG_CONFIG", "/etc/nvidia-driver/mig.yaml", "MIG layouts file (mig-parted v1 format)", absPath(func(c *Config) *string { return &c.MIGConfig })},
 		{"migLayout", "MIG_LAYOUT", "", "the MIG layout to apply; empty leaves MIG as it is", text(func(c *Config) *string { return &c.MIGLayout })},
 		{"nfdFeaturesDir", "NFD_FEATURES_DIR", "", "write Node Feature Discovery labels there; empty is off", optionalAbsPath(func(c *Config) *string { return &c.NFDFeaturesDir })},
-		{"simulate", "SIMULATE", "", "simulated GPUs MODEL:COUNT (demo and tests only)", simulate},
 	}
 }
 
@@ -200,10 +195,6 @@ func Load(environ []string) (Config, error) {
 		}
 
 		c.Source[s.key] = "env"
-	}
-
-	if c.Simulate != "" && c.HostRoot == "/" {
-		errs = append(errs, errors.New("simulate: simulated GPUs need a throwaway host root (hostRoot), not the node's /"))
 	}
 
 	if len(errs) > 0 {
@@ -342,18 +333,6 @@ func duration(field func(*Config) *time.Duration) func(*Config, string) error {
 
 		return nil
 	}
-}
-
-var simulatePattern = regexp.MustCompile(`^([a-z0-9-]+):([1-9][0-9]?)$`)
-
-func simulate(c *Config, v string) error {
-	if v != "" && !simulatePattern.MatchString(v) {
-		return fmt.Errorf("%q is not MODEL:COUNT (e.g. h200:4)", v)
-	}
-
-	c.Simulate = v
-
-	return nil
 }
 
 func keys(all []setting) []string {

@@ -74,7 +74,7 @@ func TestEveryProblemAtOnce(t *testing.T) {
 		`config.yaml:6: logLevel: slog: level string "loud": unknown name`,
 		`environment: unknown variable NVIDIA_DRIVER_MIG_LAYOT (did you mean NVIDIA_DRIVER_MIG_LAYOUT?)`,
 		`environment: NVIDIA_DRIVER_CDI: "yes please" is not a boolean`,
-		`simulate: simulated GPUs need a throwaway host root`,
+		"environment: unknown variable NVIDIA_DRIVER_SIMULATE", // only the demo build knows it
 	} {
 		assert.Contains(t, msg, want)
 	}
@@ -108,13 +108,4 @@ func TestNVIDIAVariablesAreNotOurs(t *testing.T) {
 func TestExplicitFileMustExist(t *testing.T) {
 	_, err := config.Load([]string{config.EnvConfigFile + "=/nonexistent/config.yaml"})
 	require.ErrorContains(t, err, "reading configuration file: open /nonexistent/config.yaml")
-}
-
-func TestSimulate(t *testing.T) {
-	c, err := load(t, "version: v1alpha1\n", "NVIDIA_DRIVER_SIMULATE=h100-80gb:8", "NVIDIA_DRIVER_HOST_ROOT=/tmp/demo")
-	require.NoError(t, err)
-	assert.Equal(t, "h100-80gb:8", c.Simulate)
-
-	_, err = load(t, "version: v1alpha1\n", "NVIDIA_DRIVER_SIMULATE=h200", "NVIDIA_DRIVER_HOST_ROOT=/tmp/demo")
-	require.ErrorContains(t, err, `"h200" is not MODEL:COUNT`)
 }

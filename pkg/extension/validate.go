@@ -274,3 +274,37 @@ func fileExists(p string) bool {
 
 	return err == nil
 }
+
+// ValidateRelease validates a release image as its recipe's test step does: Validate, and
+// with a module kind also the subroot (pkg/driverroot, whose driver version must be
+// driverVersion) and the kernel modules (CheckModules).
+func ValidateRelease(dir, talosVersion string, kind ModuleKind, driverVersion string) error {
+	if err := Validate(dir, talosVersion); err != nil {
+		return err
+	}
+
+	if kind == "" {
+		return nil
+	}
+
+	if kind.License() == "" || driverVersion == "" {
+		return fmt.Errorf("module kind %q, driver version %q: want %q or %q, and a driver version", kind, driverVersion, ModulesOpen, ModulesProprietary)
+	}
+
+	var errs []error
+
+	rootfs := filepath.Join(dir, "rootfs")
+
+	report := driverroot.Check(filepath.Join(rootfs, SubrootPath))
+	if err := report.Err(); err != nil {
+		errs = append(errs, fmt.Errorf("/%s: %w", SubrootPath, err))
+	} else if report.DriverVersion != driverVersion {
+		errs = append(errs, fmt.Errorf("/%s: NVIDIA userspace %s, but the recipe builds %s", SubrootPath, report.DriverVersion, driverVersion))
+	}
+
+	if _, err := CheckModules(filepath.Join(rootfs, ModulesPath), driverVersion, kind); err != nil {
+		errs = append(errs, err)
+	}
+
+	return errors.Join(errs...)
+}
