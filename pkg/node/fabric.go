@@ -97,8 +97,6 @@ func (r *Runner) startFabricManager(ctx context.Context, board nvswitch.Board) (
 	case len(board.Driver) == 0:
 		return fmt.Sprintf("NVSwitch PCI functions %s are present but the nvidia-nvswitch driver initialized none of them "+
 			"(GPUs passed through to a VM without the board's NVSwitch topology?): no fabric manager can run", strings.Join(board.PCI, ", ")), nil
-	case !r.cfg.FabricManager:
-		return "running nv-fabricmanager is turned off (NVIDIA_DRIVER_FABRIC_MANAGER=false)", nil
 	}
 
 	// Hopper and later: GPUs that registered already were registered by a fabric manager
@@ -110,6 +108,10 @@ func (r *Runner) startFabricManager(ctx context.Context, board nvswitch.Board) (
 		return "the GPUs were already registered with the NVLink fabric when the service started " +
 			"(by a fabric manager it did not start, or its own before a restart): not starting another, " +
 			"which NVIDIA documents to need a GPU reset first on HGX H100 and later", nil
+	}
+
+	if !r.cfg.FabricManager {
+		return "running nv-fabricmanager is turned off (NVIDIA_DRIVER_FABRIC_MANAGER=false)", nil
 	}
 
 	spec, err := daemons.FabricManager(daemons.FabricManagerOptions{

@@ -332,21 +332,26 @@ func TestFabricManagerCannotRun(t *testing.T) {
 		want    string
 		starts  int
 		manager string
+		env     []string
 	}{
 		{"GPUs passed through to a VM: NV_WARN_NOTHING_TO_DO", boardOptions{switches: sim.NVSwitches{Count: 4}, mode: "nothing-to-do"},
-			node.PhaseDegraded, "NV_WARN_NOTHING_TO_DO", 1, "failed"},
+			node.PhaseDegraded, "NV_WARN_NOTHING_TO_DO", 1, "failed", nil},
 		{"switches the nvidia-nvswitch driver does not manage", boardOptions{switches: sim.NVSwitches{Count: 4, Unmanaged: true}, mode: "ok"},
-			node.PhaseDegraded, "the nvidia-nvswitch driver initialized none of them", 0, ""},
+			node.PhaseDegraded, "the nvidia-nvswitch driver initialized none of them", 0, "", nil},
 		{"no nv-fabricmanager in the subroot", boardOptions{switches: sim.NVSwitches{Count: 4}, noBinary: true},
-			node.PhaseDegraded, "lacks usr/bin/nv-fabricmanager", 0, ""},
+			node.PhaseDegraded, "lacks usr/bin/nv-fabricmanager", 0, "", nil},
 		{"a foreign fabric manager runs", boardOptions{switches: sim.NVSwitches{Count: 4}, mode: "ok", foreignAPI: true},
-			node.PhaseReady, "leaving it alone", 0, "foreign"},
+			node.PhaseReady, "leaving it alone", 0, "foreign", nil},
 		{"the GPUs were registered before the service started", boardOptions{switches: sim.NVSwitches{Count: 4}, mode: "ok", registered: true},
-			node.PhaseReady, "already registered with the NVLink fabric", 0, ""},
+			node.PhaseReady, "already registered with the NVLink fabric", 0, "", nil},
+		{"registered, and the fabric manager turned off", boardOptions{switches: sim.NVSwitches{Count: 4}, mode: "ok", registered: true},
+			node.PhaseReady, "already registered with the NVLink fabric", 0, "", []string{"NVIDIA_DRIVER_FABRIC_MANAGER=false"}},
+		{"not registered, and the fabric manager turned off", boardOptions{switches: sim.NVSwitches{Count: 4}, mode: "ok"},
+			node.PhaseDegraded, "turned off (NVIDIA_DRIVER_FABRIC_MANAGER=false)", 0, "", []string{"NVIDIA_DRIVER_FABRIC_MANAGER=false"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			b := newBoard(t, tc.opts)
-			run := b.run(t)
+			run := b.run(t, tc.env...)
 			st := run.r.Status()
 
 			require.Equal(t, tc.phase, st.Phase, "%v\n%s", run.phases, run.logs)
