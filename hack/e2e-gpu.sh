@@ -59,8 +59,17 @@ if [ "${E2E_INNER:-}" != 1 ]; then
     "$top/hack/e2e-persistenced.sh" "$W/subroot" "$out/bin/persistenced-e2e" -- --kills 10 2>&1 | sed 's/^/  /'
   fi
 
-  export E2E_GPUS=$(nvidia-smi -L | wc -l)
-  export E2E_SECOND=$(nvidia-smi -L | sed -n 2p | sed 's/.*UUID: \(GPU-[^)]*\)).*/\1/')
+  # Every GPU by index and UUID, as the host's nvidia-smi numbers them: the checks below loop
+  # over all of them, whatever their count.
+  export E2E_UUIDS=$(nvidia-smi --query-gpu=uuid --format=csv,noheader | tr '\n' ' ')
+  export E2E_GPUS=$(echo $E2E_UUIDS | wc -w)
+  echo "== GPUs: $E2E_GPUS"
+  # NVSwitch board, read-only: what the service's detection reads, what NVML says of each
+  # GPU's fabric registration, and whether a fabric manager runs here already.
+  echo "== NVSwitch board: $(ls /proc/driver/nvidia-nvswitch/devices 2>/dev/null | wc -l) switch(es) in /proc/driver/nvidia-nvswitch/devices," \
+    "$(grep -l 0x068000 /sys/bus/pci/devices/*/class 2>/dev/null | xargs -r dirname | xargs -r -I{} grep -l 0x10de {}/vendor | wc -l) NVIDIA bridge (class 0x068000) PCI function(s)"
+  nvidia-smi -q 2>/dev/null | grep -A2 '^ *Fabric$' | grep -E 'State|Status' | sort | uniq -c | sed 's/^/  fabric: /'
+  echo "  fabric manager processes on the host: $(pgrep -c nv-fabricmanager || true)"
   E2E_INNER=1 unshare --mount --propagation private "$0" "$@"
   rc=$?
   echo "== persistence and MIG modes after: $(nvidia-smi --query-gpu=persistence_mode,mig.mode.current --format=csv,noheader | tr '\n' ' ')"
@@ -106,12 +115,18 @@ result "hook runs in a root with no loader but the subroot's" $r
 C=$out/containers/nvidia-driver
 svc() { "$C/lib64/ld-linux-x86-64.so.2" --library-path "$C/lib/x86_64-linux-gnu" "$C/usr/bin/nvidia-driver" "$@"; }
 export NVIDIA_DRIVER_SUBROOT=/usr/local/glibc NVIDIA_DRIVER_PERSISTENCE_MODE=false
+# Never start a fabric manager on a shared host: a subroot with nv-fabricmanager in it gets the
+# fabric manager turned off unless E2E_FABRIC_MANAGER=1. Without one the service cannot start
+# any, and its NVSwitch job still reports what it found.
+if [ -e /usr/local/glibc/usr/bin/nv-fabricmanager ] && [ "${E2E_FABRIC_MANAGER:-}" != 1 ]; then
+  export NVIDIA_DRIVER_FABRIC_MANAGER=false
+fi
 start=$(date +%s%N)
 # exec: $! must be the service itself, so that the SIGTERM below reaches it.
 ( exec "$C/lib64/ld-linux-x86-64.so.2" --library-path "$C/lib/x86_64-linux-gnu" "$C/usr/bin/nvidia-driver" run 2>"$W/service.log" ) &
 spid=$!
-for _ in $(seq 600); do
-  grep -q '"phase": "ready"' /run/nvidia-driver/status.json 2>/dev/null && break
+for _ in $(seq 3000); do
+  grep -q '"phase": "\(ready\|degraded\)"' /run/nvidia-driver/status.json 2>/dev/null && break
   kill -0 $spid 2>/dev/null || break
   sleep 0.1
 done
@@ -124,6 +139,28 @@ fi
 findmnt -n -o TARGET,OPTIONS /run/nvidia/driver | grep -q '^/run/nvidia/driver *ro,' && r=PASS || r=FAIL
 result "/run/nvidia/driver mounted read-only" $r
 ls -l /dev/nvidia* | sed 's/^/  /'
+missing=
+for f in /proc/driver/nvidia/gpus/*/information; do
+  m=$(sed -n 's/^Device Minor:[[:space:]]*//p' "$f")
+  [ -c "/dev/nvidia$m" ] || missing="$missing /dev/nvidia$m"
+done
+[ -z "$missing" ] && r=PASS || r=FAIL
+result "a device node for each of the $E2E_GPUS GPU(s)${missing:+, missing:$missing}" $r
+# The NVSwitch job: on a board with switches, a fabric manager already at work is left alone
+# and the status says so; elsewhere the status has no fabric.
+fabric=$(grep -A3 '^  "fabric": {' /run/nvidia-driver/status.json | sed -n 's/^ *"\(state\|message\)": "\(.*\)",\{0,1\}$/\2/p' | paste -sd ' ')
+echo "  status fabric: ${fabric:-none}"
+if [ -n "$(ls /proc/driver/nvidia-nvswitch/devices 2>/dev/null)" ]; then
+  [ ! -e /run/nvidia-fabricmanager/fabricmanager.cfg ] && r=PASS || r=FAIL
+  result "NVSwitch board: the service started no fabric manager of its own" $r
+  if [ "$(pgrep -c nv-fabricmanager || true)" -gt 0 ]; then
+    echo "$fabric" | grep -q 'not starting another\|leaving it alone' && r=PASS || r=FAIL
+    result "NVSwitch board: the running fabric manager is left alone, and the status says so" $r
+  fi
+else
+  [ -z "$fabric" ] && r=PASS || r=FAIL
+  result "no NVSwitch: no fabric in the status" $r
+fi
 [ -S /run/nvidia/driver/run/nvidia-persistenced/socket ] && r=PASS || r=FAIL
 result "persistenced socket visible under the driver root" $r
 echo "  service RSS after bring-up: $(awk '/VmRSS/{print $2, $3}' /proc/$spid/status)"
@@ -146,8 +183,8 @@ e2e_rootfs
 torch=$E2E_TORCH
 
 out1=$(ctr smi /run/cdi nvidia.com/gpu=all nvidia-smi -L); echo "$out1" | sed 's/^/  /'
-echo "$out1" | grep -q '^GPU 0: .*H200\|^GPU 0: ' && r=PASS || r=FAIL
-result "ours, nvidia.com/gpu=all: nvidia-smi -L lists the GPU" $r
+[ "$(echo "$out1" | grep -c '^GPU ')" = "$E2E_GPUS" ] && r=PASS || r=FAIL
+result "ours, nvidia.com/gpu=all: nvidia-smi -L lists all $E2E_GPUS GPU(s)" $r
 out2=$(ctr torch /run/cdi nvidia.com/gpu=all /opt/torch/.venv/bin/python3 -c "$torch"); echo "$out2" | tail -3 | sed 's/^/  /'
 echo "$out2" | grep -q '^sum 1073741824' && r=PASS || r=FAIL
 result "ours, nvidia.com/gpu=all: CUDA matmul in PyTorch is right" $r
@@ -161,13 +198,28 @@ out5=$(ctr dp-torch "$W/dp" k8s.device-plugin.nvidia.com/gpu=all /opt/torch/.ven
 echo "$out5" | grep -q '^sum 1073741824' && r=PASS || r=FAIL
 result "device plugin's spec: CUDA matmul in PyTorch is right" $r
 
+# sees NAME DEVICES UUID...: a container given DEVICES (comma-separated CDI names) sees exactly
+# the GPUs with those UUIDs.
+sees() {
+  local name=$1 devs=$2; shift 2
+  local got; got=$(ctr "$name" /run/cdi "$devs" nvidia-smi -L)
+  echo "$got" | sed 's/^/  /'
+  [ "$(echo "$got" | grep -c '^GPU ')" = $# ] || return 1
+  for u in "$@"; do echo "$got" | grep -q "$u" || return 1; done
+}
+uuids=($E2E_UUIDS)
+for i in "${!uuids[@]}"; do
+  sees "gpu$i" "nvidia.com/gpu=$i" "${uuids[$i]}" && r=PASS || r=FAIL
+  result "nvidia.com/gpu=$i gives exactly GPU $i" $r
+  sees "uuid$i" "nvidia.com/gpu=${uuids[$i]}" "${uuids[$i]}" && r=PASS || r=FAIL
+  result "nvidia.com/gpu=<UUID of GPU $i> gives exactly GPU $i" $r
+done
 if [ "$E2E_GPUS" -ge 2 ]; then
-  second=$E2E_SECOND
-  out6=$(ctr second /run/cdi nvidia.com/gpu=1 nvidia-smi -L); echo "$out6" | sed 's/^/  /'
-  [ "$(echo "$out6" | grep -c '^GPU ')" = 1 ] && echo "$out6" | grep -q "$second" && r=PASS || r=FAIL
-  result "nvidia.com/gpu=1 gives exactly the second GPU" $r
+  last=$((E2E_GPUS - 1))
+  sees pair "nvidia.com/gpu=0,nvidia.com/gpu=$last" "${uuids[0]}" "${uuids[$last]}" && r=PASS || r=FAIL
+  result "nvidia.com/gpu=0 and nvidia.com/gpu=$last: exactly those two GPUs" $r
 else
-  echo "  (one GPU: the nvidia.com/gpu=1 check needs two)"
+  echo "  (one GPU: the two-device check needs two)"
 fi
 
 # ---- persistenced: kill -9, and stop -------------------------------------------------------

@@ -15,6 +15,11 @@ install -m 0755 "$bin" "$stage/usr/bin/nvidia-driver"
 # nvidia-persistenced's /var/run/nvidia-persistenced is compiled in; the service's /run is
 # the host's (see extension/nvidia-driver.yaml).
 mkdir -p "$stage/var" && ln -s ../run "$stage/var/run"
+# nv-fabricmanager, run from the subroot without a chroot, still reads some files from the
+# compiled-in /usr/share/nvidia/nvswitch whatever its config says (siderolabs/extensions
+# nvidia-gpu/nvidia-fabricmanager/production/nvidia-fabricmanager.yaml mounts it there for
+# that reason): point that path at the subroot's copy. It dangles where the subroot has none.
+mkdir -p "$stage/usr/share/nvidia" && ln -s /usr/local/glibc/usr/share/nvidia/nvswitch "$stage/usr/share/nvidia/nvswitch"
 
 interp=$(readelf -l "$bin" | sed -n 's/.*Requesting program interpreter: \(.*\)]/\1/p')
 [ -n "$interp" ] || { echo "stage-service-rootfs: $bin has no ELF interpreter" >&2; exit 1; }

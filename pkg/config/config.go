@@ -13,6 +13,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"time"
 
 	"gopkg.in/yaml.v3"
 )
@@ -48,6 +49,11 @@ type Config struct {
 	PersistenceMode     bool
 	UVMPersistenceMode  bool
 	PersistencedVerbose bool
+
+	// FabricManager runs nv-fabricmanager on NVSwitch boards; FabricWait bounds the wait
+	// for the GPUs' NVLink fabric registration there.
+	FabricManager bool
+	FabricWait    time.Duration
 
 	CDI     bool
 	CDISpec string // a host path
@@ -91,6 +97,9 @@ func settings() []setting {
 		{"persistenceMode", "PERSISTENCE_MODE", "true", "nvidia-persistenced --persistence-mode", boolean(func(c *Config) *bool { return &c.PersistenceMode })},
 		{"uvmPersistenceMode", "UVM_PERSISTENCE_MODE", "false", "nvidia-persistenced --uvm-persistence-mode", boolean(func(c *Config) *bool { return &c.UVMPersistenceMode })},
 		{"persistencedVerbose", "PERSISTENCED_VERBOSE", "false", "nvidia-persistenced --verbose", boolean(func(c *Config) *bool { return &c.PersistencedVerbose })},
+		{"fabricManager", "FABRIC_MANAGER", "true", "run nv-fabricmanager on NVSwitch boards", boolean(func(c *Config) *bool { return &c.FabricManager })},
+		// NVIDIA's nvidia-fabricmanager.service gives the daemon TimeoutStartSec=240.
+		{"fabricWait", "FABRIC_WAIT", "4m", "how long to wait for the GPUs' NVLink fabric registration on NVSwitch boards", duration(func(c *Config) *time.Duration { return &c.FabricWait })},
 		{"cdi", "CDI", "true", "generate a CDI spec", boolean(func(c *Config) *bool { return &c.CDI })},
 		{"cdiSpec", "CDI_SPEC", "/run/cdi/nvidia.yaml", "where the CDI spec is written", absPath(func(c *Config) *string { return &c.CDISpec })},
 		{"migConfig", "MIG_CONFIG", "/etc/nvidia-driver/mig.yaml", "MIG layouts file (mig-parted v1 format)", absPath(func(c *Config) *string { return &c.MIGConfig })},
@@ -308,6 +317,19 @@ func boolean(field func(*Config) *bool) func(*Config, string) error {
 		}
 
 		*field(c) = b
+
+		return nil
+	}
+}
+
+func duration(field func(*Config) *time.Duration) func(*Config, string) error {
+	return func(c *Config, v string) error {
+		d, err := time.ParseDuration(strings.TrimSpace(v))
+		if err != nil || d <= 0 {
+			return fmt.Errorf("%q is not a positive duration (e.g. 90s, 4m)", v)
+		}
+
+		*field(c) = d
 
 		return nil
 	}

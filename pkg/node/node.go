@@ -45,6 +45,7 @@ type Runner struct {
 	// persistenced is our nvidia-persistenced supervisor once started, else nil.
 	persistenced *daemons.Supervisor
 	daemonsDone  chan struct{}
+	fabric       fabricJob // the NVSwitch job (fabric.go)
 }
 
 // Option changes a Runner.
@@ -92,6 +93,7 @@ func (r *Runner) Status() Status { return r.status.get() }
 func (r *Runner) Run(ctx context.Context) error {
 	defer r.report(PhaseStopped, "service stopped; the driver root stays mounted for running containers")
 	defer r.stopDaemons()
+	defer r.stopFabric()
 
 	if err := r.bringUp(ctx); err != nil {
 		if ctx.Err() != nil {
@@ -205,6 +207,7 @@ func (r *Runner) bringUp(ctx context.Context) error {
 	}
 
 	r.startPersistenced(ctx)
+	r.bringUpFabric(ctx)
 
 	if r.cfg.CDI {
 		// nvcdi looks under the driver root for the libraries and the persistenced socket:
@@ -243,7 +246,8 @@ func (r *Runner) bringUp(ctx context.Context) error {
 		msg += fmt.Sprintf(", MIG layout %q: %s%s", r.cfg.MIGLayout, state, migDetail(r.status.get().MIG))
 	}
 
-	r.report(PhaseReady, msg)
+	r.report(r.fabricPhase(PhaseReady, msg))
+	r.watchFabric(ctx)
 
 	return nil
 }
@@ -325,7 +329,7 @@ func (r *Runner) report(phase, msg string) {
 	switch phase {
 	case PhaseFailed:
 		level = slog.LevelError
-	case PhaseWaiting:
+	case PhaseWaiting, PhaseDegraded:
 		level = slog.LevelWarn
 	}
 
@@ -494,6 +498,7 @@ type readinessSummary struct {
 	MIGLayout     string         `json:"migLayout,omitempty"`
 	MIG           []readinessMIG `json:"mig,omitempty"`
 	CDISpec       string         `json:"cdiSpec,omitempty"`
+	Fabric        string         `json:"fabric,omitempty"`
 }
 
 type readinessGPU struct {
@@ -511,6 +516,9 @@ type readinessMIG struct {
 func (r *Runner) readiness() readinessSummary {
 	st := r.status.get()
 	sum := readinessSummary{DriverVersion: st.DriverVersion, MIGLayout: r.cfg.MIGLayout, CDISpec: st.CDISpec}
+	if st.Fabric != nil {
+		sum.Fabric = st.Fabric.State
+	}
 
 	for _, g := range st.GPUs {
 		sum.GPUs = append(sum.GPUs, readinessGPU{Index: g.Index, UUID: g.UUID, Name: g.Name, MIG: g.MIG})

@@ -160,8 +160,15 @@ func (d *Device) GetAddressingMode() (nvml.DeviceAddressingMode, nvml.Return) {
 	return nvml.DeviceAddressingMode{}, nvml.ERROR_NOT_SUPPORTED
 }
 
+// GetGpuFabricInfo reports the GPU's registration with an NVSwitch fabric (see Fabric), or
+// ERROR_NOT_SUPPORTED on a node without one, as NVML does for a GPU that has no fabric.
 func (d *Device) GetGpuFabricInfo() (nvml.GpuFabricInfo, nvml.Return) {
-	return nvml.GpuFabricInfo{}, nvml.ERROR_NOT_SUPPORTED
+	defer d.end()
+	if ret := d.begin("GetGpuFabricInfo"); ret != nvml.SUCCESS {
+		return nvml.GpuFabricInfo{}, ret
+	}
+
+	return d.n.fabricInfo()
 }
 
 func (d *Device) GetComputeRunningProcesses() ([]nvml.ProcessInfo, nvml.Return) {

@@ -76,6 +76,7 @@ type Node struct {
 	faults        []*Fault
 	calls         map[string]int
 	initCount     int
+	fabric        *fabric
 	holders       []Holder
 	onMutating    func(method string, gpu int)
 	DriverVersion string
