@@ -67,11 +67,17 @@ demo: build
 	hack/demo.sh
 
 # What the GPU end-to-end test needs besides `make build`: nvidia-ctk from the same toolkit
-# version (the reference), its Go helper, the persistenced test driver, and Debian's runc
-# as .deb files for hosts without runc.
-e2e-tools: build
+# version (the reference), its Go helpers, the persistenced test driver, NVIDIA's device
+# plugin and GPU feature discovery from their module at the chart's version (hack/consumers)
+# with the manifests they run from (hack/render-consumers.sh), and Debian's runc as .deb
+# files for hosts without runc.
+e2e-tools: build deploy-tools
 	go build -trimpath -o $(OUT)/bin/nvidia-ctk github.com/NVIDIA/nvidia-container-toolkit/cmd/nvidia-ctk
 	go build -trimpath -o $(OUT)/bin/cdi-e2e ./hack/cdi-e2e
+	cd hack/consumers && go build -trimpath -ldflags '-s -w' -o $(abspath $(OUT))/bin/ \
+	  github.com/NVIDIA/k8s-device-plugin/cmd/nvidia-device-plugin \
+	  github.com/NVIDIA/k8s-device-plugin/cmd/gpu-feature-discovery ./kubelet-e2e
+	hack/render-consumers.sh $(OUT)/e2e
 	CGO_ENABLED=0 go build -trimpath -o $(OUT)/bin/persistenced-e2e ./hack/persistenced-e2e
 	mkdir -p $(OUT)/debs && cd $(OUT)/debs && apt-get download -q runc libseccomp2 >/dev/null
 
