@@ -45,12 +45,16 @@ deps:
 	hack/install-test-deps.sh
 	bash hack/install-deploy-test-deps.sh
 
+# hack/consumers is a module of its own (NVIDIA's device plugin at its own dependency
+# versions, and the e2e's pod-to-OCI translation): vetted and tested from its directory.
 test: deps build lint
 	go test -count=1 ./...
+	cd hack/consumers && go test -count=1 ./...
 
 lint:
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt would change:"; echo "$$out"; exit 1; fi
 	go vet ./...
+	cd hack/consumers && go vet ./...
 
 # EXTENSION_FLAGS: e.g. -name nvidia-driver-dev-host -payload _out/subroot-host (see hack/extension).
 extension: build
