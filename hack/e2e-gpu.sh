@@ -198,4 +198,19 @@ pgrep -f 'bin/nvidia-persistenced' >/dev/null && r=FAIL || r=PASS
 result "nvidia-persistenced stopped with the service" $r
 findmnt -n /run/nvidia/driver >/dev/null && findmnt -n /run/nvidia/driver/dev >/dev/null && r=PASS || r=FAIL
 result "driver root and its dev/ still mounted after the service stopped" $r
+
+# A restart (every ExtensionServiceConfig change is one) reuses both mounts, stacks nothing.
+( exec "$C/lib64/ld-linux-x86-64.so.2" --library-path "$C/lib/x86_64-linux-gnu" "$C/usr/bin/nvidia-driver" run 2>"$W/service2.log" ) &
+spid=$!
+for _ in $(seq 600); do
+  grep -q '"phase": "ready"' /run/nvidia-driver/status.json 2>/dev/null && break
+  kill -0 $spid 2>/dev/null || break
+  sleep 0.1
+done
+grep -E 'reusing|replacing|mounted|bound' "$W/service2.log" | sed 's/^/  /'
+n1=$(awk '$5 == "/run/nvidia/driver"' /proc/self/mountinfo | wc -l); n2=$(awk '$5 == "/run/nvidia/driver/dev"' /proc/self/mountinfo | wc -l)
+grep -q 'driver root already mounted by an earlier run' "$W/service2.log" && grep -q 'host /dev already bound under the driver root' "$W/service2.log" \
+  && [ "$n1" = 1 ] && [ "$n2" = 1 ] && r=PASS || r=FAIL
+result "restart: both mounts reused ($n1 at the driver root, $n2 at its dev/)" $r
+kill -TERM $spid; wait $spid
 exit $fail
