@@ -122,3 +122,15 @@ theirs=$(sed -n 's#^nvidia.com/gpu.product=##p' "$labels/gfd" 2>/dev/null)
 sed 's/^/  service: /' "$labels/nvidia-driver" 2>/dev/null
 [ -n "$ours" ] && { [ -z "$theirs" ] || [ "$ours" = "$theirs" ]; } && r=PASS || r=FAIL
 result "service's NFD label nvidia.com/gpu.product=${ours:-(none)} (GFD: ${theirs:-(none)})" $r
+
+# The GPU Operator validator's /dev/char step (validator/main.go createDevCharSymlinks) calls
+# nvidia-container-toolkit's create-dev-char-symlinks; with a dev/ in the driver root it asks
+# to load the kernel modules there, by chroot into the driver root. The same code, from
+# nvidia-ctk: why docs/driver-root.md sets DISABLE_DEV_CHAR_SYMLINK_CREATION=true.
+echo "== the validator's /dev/char step (nvidia-ctk system create-dev-char-symlinks) in the driver root"
+"$out/bin/nvidia-ctk" system create-dev-char-symlinks --driver-root /run/nvidia/driver --create-all \
+  --load-kernel-modules --dev-char-path "$W/devchar" >"$W/devchar.log" 2>&1
+vrc=$?
+tail -3 "$W/devchar.log" | sed 's/^/  /'
+[ $vrc != 0 ] && grep -q 'modprobe' "$W/devchar.log" && r=PASS || r=FAIL
+result "validator's module-load step fails in the driver root (exit $vrc): the documented setting is needed" $r
