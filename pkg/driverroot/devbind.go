@@ -124,21 +124,6 @@ func isDevBindOptions(info *mountinfo.Info) bool {
 	return slices.Contains(opts, "ro") && !slices.Contains(opts, "nodev")
 }
 
-// IsDevBound reports whether <driverMount>/dev shows hostDev through one mount that
-// device nodes open through.
-func IsDevBound(hostDev, driverMount string) (bool, error) {
-	target := filepath.Join(driverMount, DevDir)
-
-	infos, err := mountsAt(target)
-	if err != nil || len(infos) != 1 {
-		return false, err
-	}
-
-	same, err := sameTree(hostDev, target)
-
-	return same && isDevBindOptions(infos[0]), err
-}
-
 func orNotDir(err error) error {
 	if err != nil {
 		return err

@@ -274,8 +274,8 @@ func devBindContainer(work string) (driverroot.MountResult, error) {
 		return "", err
 	}
 
-	if ok, err := driverroot.IsDevBound(cdev, driver); err != nil || !ok {
-		return "", fmt.Errorf("not bound after BindDev (%v)", err)
+	if !sameInode(cdev, filepath.Join(driver, "dev")) {
+		return "", fmt.Errorf("%s/dev does not show %s after BindDev", driver, cdev)
 	}
 
 	return res, nil
