@@ -112,15 +112,19 @@ C=$out/containers/nvidia-driver
 svc() { "$C/lib64/ld-linux-x86-64.so.2" --library-path "$C/lib/x86_64-linux-gnu" "$C/usr/bin/nvidia-driver" "$@"; }
 export NVIDIA_DRIVER_SUBROOT=/usr/local/glibc NVIDIA_DRIVER_PERSISTENCE_MODE=false
 export NVIDIA_DRIVER_NFD_FEATURES_DIR=/etc/kubernetes/node-feature-discovery/features.d
+# service_start LOG: run the service in the background (spid) and wait until it is ready or
+# gone. exec: $! must be the service itself, so that a SIGTERM reaches it.
+service_start() {
+  ( exec "$C/lib64/ld-linux-x86-64.so.2" --library-path "$C/lib/x86_64-linux-gnu" "$C/usr/bin/nvidia-driver" run 2>"$1" ) &
+  spid=$!
+  for _ in $(seq 600); do
+    grep -q '"phase": "ready"' /run/nvidia-driver/status.json 2>/dev/null && break
+    kill -0 $spid 2>/dev/null || break
+    sleep 0.1
+  done
+}
 start=$(date +%s%N)
-# exec: $! must be the service itself, so that the SIGTERM below reaches it.
-( exec "$C/lib64/ld-linux-x86-64.so.2" --library-path "$C/lib/x86_64-linux-gnu" "$C/usr/bin/nvidia-driver" run 2>"$W/service.log" ) &
-spid=$!
-for _ in $(seq 600); do
-  grep -q '"phase": "ready"' /run/nvidia-driver/status.json 2>/dev/null && break
-  kill -0 $spid 2>/dev/null || break
-  sleep 0.1
-done
+service_start "$W/service.log"
 echo "== service log"; sed 's/^/  /' "$W/service.log"
 if grep -q '"phase": "ready"' /run/nvidia-driver/status.json 2>/dev/null; then
   result "service ready ($(( ($(date +%s%N) - start) / 1000000 )) ms): mount, device nodes, persistenced, CDI" PASS
@@ -200,13 +204,7 @@ findmnt -n /run/nvidia/driver >/dev/null && findmnt -n /run/nvidia/driver/dev >/
 result "driver root and its dev/ still mounted after the service stopped" $r
 
 # A restart (every ExtensionServiceConfig change is one) reuses both mounts, stacks nothing.
-( exec "$C/lib64/ld-linux-x86-64.so.2" --library-path "$C/lib/x86_64-linux-gnu" "$C/usr/bin/nvidia-driver" run 2>"$W/service2.log" ) &
-spid=$!
-for _ in $(seq 600); do
-  grep -q '"phase": "ready"' /run/nvidia-driver/status.json 2>/dev/null && break
-  kill -0 $spid 2>/dev/null || break
-  sleep 0.1
-done
+service_start "$W/service2.log"
 grep -E 'reusing|replacing|mounted|bound' "$W/service2.log" | sed 's/^/  /'
 n1=$(awk '$5 == "/run/nvidia/driver"' /proc/self/mountinfo | wc -l); n2=$(awk '$5 == "/run/nvidia/driver/dev"' /proc/self/mountinfo | wc -l)
 grep -q 'driver root already mounted by an earlier run' "$W/service2.log" && grep -q 'host /dev already bound under the driver root' "$W/service2.log" \
