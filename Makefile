@@ -6,7 +6,8 @@
 #   make lint    gofmt and go vet
 #   make extension  the development extension image (_out/extensions/), validated with Talos's code
 #   make harness    run that image's service as Talos does, with runc, and print what the host saw
-#   make flavors    re-render the release recipes (manifest.yaml, pkg.yaml, vars.yaml, flavors/)
+#   make flavors    re-render the generated release recipes (vars.yaml, flavors/, stages/nvidia-userspace-*)
+#   make release-image  one flavor's release image with docker buildx and bldr (FLAVOR, TALOS_VERSION, IMAGE)
 
 SHELL := /bin/bash
 OUT ?= _out
@@ -23,16 +24,22 @@ GO_LDFLAGS := -s -w -X main.version=$(VERSION)
 HOOK_PKG := github.com/NVIDIA/nvidia-container-toolkit/cmd/nvidia-cdi-hook
 SUBROOT := $(OUT)/subroot-debian
 
-.PHONY: all build subroot test lint demo deps clean e2e-tools e2e-gpu extension harness flavors
+.PHONY: all build binaries release-image subroot test lint demo deps clean e2e-tools e2e-gpu extension harness flavors
 
 all: build
 
-build: $(SUBROOT)
+build: binaries $(SUBROOT)
+	install -m 0755 $(SUBROOT)/sbin/ldconfig $(OUT)/bin/ldconfig
+
+# The binaries alone, without the Debian subroot: what the release recipe's
+# nvidia-driver-binaries stage (pkg.yaml) runs. The extension validator is static: the
+# recipes' test steps run it in a musl image.
+binaries:
 	go build -trimpath -ldflags '$(GO_LDFLAGS)' -o $(OUT)/bin/nvidia-driver ./service
 	go build -trimpath -o $(OUT)/bin/nvidia-cdi-hook \
 	  -ldflags "-s -w -linkmode external -extldflags '-Wl,--dynamic-linker=$(GLIBC_ROOT)/lib64/ld-linux-x86-64.so.2 -Wl,-rpath,$(GLIBC_ROOT)/usr/lib64'" \
 	  $(HOOK_PKG)
-	install -m 0755 $(SUBROOT)/sbin/ldconfig $(OUT)/bin/ldconfig
+	CGO_ENABLED=0 go build -trimpath -ldflags '-s -w' -o $(OUT)/bin/extension ./hack/extension
 	hack/stage-service-rootfs.sh $(OUT)/bin/nvidia-driver $(OUT)/containers/nvidia-driver
 
 # The development subroot, from Debian's non-free packages (the tests' and the demo's fixture).
@@ -45,12 +52,17 @@ deps:
 	hack/install-test-deps.sh
 	bash hack/install-deploy-test-deps.sh
 
+# hack/consumers is a module of its own (NVIDIA's device plugin at its own dependency
+# versions, and the e2e's pod-to-OCI translation): vetted and tested from its directory.
 test: deps build lint
 	go test -count=1 ./...
+	cd hack/consumers && go test -count=1 ./...
 
 lint:
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt would change:"; echo "$$out"; exit 1; fi
 	go vet ./...
+	go vet -tags simulate ./service
+	cd hack/consumers && go vet ./...
 
 # EXTENSION_FLAGS: e.g. -name nvidia-driver-dev-host -payload _out/subroot-host (see hack/extension).
 extension: build
@@ -65,15 +77,36 @@ harness: deps extension
 flavors:
 	go run ./hack/gen-flavors
 
+# A release image of one flavor with bldr's frontend (docker buildx), as siderolabs/extensions
+# builds its own (docs/extension.md). TALOS_VERSION empty: the recipes' default release.
+# IMAGE set: tagged and pushed there; unset: an image archive in $(OUT)/<flavor>.tar.
+#   make release-image FLAVOR=nvidia-driver-lts-open TALOS_VERSION=v1.13.5 IMAGE=registry.example.com/talos/nvidia-driver-lts-open:580.167.08-v1.13.5
+FLAVOR ?= nvidia-driver-production-open
+TALOS_VERSION ?=
+PKGS_PREFIX ?= ghcr.io/siderolabs
+IMAGE ?=
+release-image:
+	docker buildx build . --file=Pkgfile --target=$(FLAVOR) --platform=linux/amd64 --provenance=false --sbom=false \
+	  $(if $(TALOS_VERSION),--build-arg=TALOS_VERSION=$(TALOS_VERSION)) --build-arg=PKGS_PREFIX=$(PKGS_PREFIX) --build-arg=TAG=$(VERSION) \
+	  $(if $(IMAGE),--tag=$(IMAGE) --push,--output=type=docker,dest=$(OUT)/$(FLAVOR).tar)
+
+# The demo build: the service plus simulated GPUs (-tags simulate); the product has neither.
 demo: build
+	go build -trimpath -tags simulate -o $(OUT)/bin/nvidia-driver-demo ./service
 	hack/demo.sh
 
 # What the GPU end-to-end test needs besides `make build`: nvidia-ctk from the same toolkit
-# version (the reference), its Go helper, the persistenced test driver, and Debian's runc
-# as .deb files for hosts without runc.
-e2e-tools: build
+# version (the reference), its Go helpers, the persistenced test driver, NVIDIA's device
+# plugin and GPU feature discovery from their module at the chart's version (hack/consumers)
+# with the manifests they run from (hack/render-consumers.sh), and Debian's runc as .deb
+# files for hosts without runc.
+e2e-tools: build deploy-tools
 	go build -trimpath -o $(OUT)/bin/nvidia-ctk github.com/NVIDIA/nvidia-container-toolkit/cmd/nvidia-ctk
 	go build -trimpath -o $(OUT)/bin/cdi-e2e ./hack/cdi-e2e
+	cd hack/consumers && go build -trimpath -ldflags '-s -w' -o $(abspath $(OUT))/bin/ \
+	  github.com/NVIDIA/k8s-device-plugin/cmd/nvidia-device-plugin \
+	  github.com/NVIDIA/k8s-device-plugin/cmd/gpu-feature-discovery ./kubelet-e2e ./devchar-e2e
+	hack/render-consumers.sh $(OUT)/e2e
 	CGO_ENABLED=0 go build -trimpath -o $(OUT)/bin/persistenced-e2e ./hack/persistenced-e2e
 	mkdir -p $(OUT)/debs && cd $(OUT)/debs && apt-get download -q runc libseccomp2 >/dev/null
 

@@ -105,7 +105,7 @@ func TestDCGMExporterPod(t *testing.T) {
 	require.NotNil(t, ds)
 	pod := &ds.Spec.Template.Spec
 	assert.Nil(t, pod.RuntimeClassName)
-	gpuNodeAffinity(t, pod)
+	gpuNodeAffinity(t, pod, "nvidia.com/gpu.deploy.dcgm-exporter")
 
 	exp := container(t, pod, "exporter")
 	privileged(t, exp)

@@ -40,13 +40,14 @@ func TestDevicePluginPod(t *testing.T) {
 
 	// Plain runc: no runtime class, no NVIDIA runtime.
 	assert.Nil(t, pod.RuntimeClassName)
-	gpuNodeAffinity(t, pod)
+	gpuNodeAffinity(t, pod, "nvidia.com/gpu.deploy.device-plugin")
 	assert.Contains(t, pod.Tolerations, corev1.Toleration{Key: "nvidia.com/gpu", Operator: corev1.TolerationOpExists, Effect: corev1.TaintEffectNoSchedule})
 
 	plugin := container(t, pod, "nvidia-device-plugin-ctr")
 	privileged(t, plugin)
 	e := env(plugin)
 	assert.Equal(t, "/run/nvidia/driver", e["NVIDIA_DRIVER_ROOT"])
+	assert.NotContains(t, e, "NVIDIA_DEV_ROOT", "device nodes are at the driver root's dev/ (docs/driver-root.md)")
 	assert.Equal(t, "/usr/bin/nvidia-cdi-hook", e["NVIDIA_CDI_HOOK_PATH"])
 	assert.Equal(t, "cdi-cri", e["DEVICE_LIST_STRATEGY"])
 	assert.Equal(t, "uuid", e["DEVICE_ID_STRATEGY"])

@@ -2,14 +2,16 @@ package deploy_test
 
 import (
 	"bytes"
-	"fmt"
 	"strings"
 	"testing"
 
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/component-helpers/scheduling/corev1/nodeaffinity"
 	"sigs.k8s.io/yaml"
 )
 
@@ -176,21 +178,32 @@ func privileged(t *testing.T, c *corev1.Container) {
 // gpuNodeAffinity checks that the pod can land on a Talos node without Node Feature
 // Discovery: one of the OR-ed terms is the nvidia.com/gpu.present=true label that the
 // docs' machine config patch sets (siderolabs/talos#12103).
-func gpuNodeAffinity(t *testing.T, spec *corev1.PodSpec) {
+// gpuNodeAffinity checks, with the scheduler's own node-affinity matcher, that the pod goes
+// to GPU nodes (labelled from machine config, or by NFD) unless the node carries the GPU
+// Operator's pause label for this operand (nvidia.com/gpu.deploy.<operand>), which a MIG mode
+// change needs (docs/mig.md, section 5).
+func gpuNodeAffinity(t *testing.T, spec *corev1.PodSpec, pauseLabel string) {
 	t.Helper()
-	require.NotNil(t, spec.Affinity)
-	require.NotNil(t, spec.Affinity.NodeAffinity)
-	req := spec.Affinity.NodeAffinity.RequiredDuringSchedulingIgnoredDuringExecution
-	require.NotNil(t, req)
-	found := false
-	for _, term := range req.NodeSelectorTerms {
-		if len(term.MatchExpressions) == 1 && len(term.MatchFields) == 0 {
-			e := term.MatchExpressions[0]
-			if e.Key == "nvidia.com/gpu.present" && e.Operator == corev1.NodeSelectorOpIn && fmt.Sprint(e.Values) == "[true]" {
-				found = true
-			}
-		}
-	}
-	require.True(t, found, "no node selector term on nvidia.com/gpu.present=true alone: %+v", req.NodeSelectorTerms)
 	require.Empty(t, spec.NodeSelector, "a nodeSelector would AND with the affinity")
+
+	required := nodeaffinity.GetRequiredNodeAffinity(&corev1.Pod{Spec: *spec})
+
+	for _, tc := range []struct {
+		labels map[string]string
+		want   bool
+	}{
+		{map[string]string{"nvidia.com/gpu.present": "true"}, true},
+		{map[string]string{"feature.node.kubernetes.io/pci-10de.present": "true"}, true},
+		{map[string]string{}, false},
+		{map[string]string{"nvidia.com/gpu.present": "false"}, false},
+		{map[string]string{"nvidia.com/gpu.present": "true", pauseLabel: "true"}, true},
+		{map[string]string{"nvidia.com/gpu.present": "true", pauseLabel: "paused-for-mig-change"}, false},
+		{map[string]string{"nvidia.com/gpu.present": "true", pauseLabel: "false"}, false},
+		{map[string]string{"feature.node.kubernetes.io/pci-10de.present": "true", pauseLabel: "paused-for-mig-change"}, false},
+	} {
+		node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "gpu-node-1", Labels: tc.labels}}
+		match, err := required.Match(node)
+		require.NoError(t, err)
+		assert.Equal(t, tc.want, match, "node labels %v", tc.labels)
+	}
 }

@@ -2,7 +2,9 @@
 # GPU end-to-end test: on any Linux host with an NVIDIA GPU and root, make the host look like a
 # Talos node in a private mount namespace, run the nvidia-driver service there from its own
 # container root filesystem, and start workloads with plain runc through the CDI specs: ours
-# (/run/cdi/nvidia.yaml) and one generated the way the device plugin generates its own.
+# (/run/cdi/nvidia.yaml) and the one NVIDIA's device plugin v0.19.0 writes, the plugin run as
+# the kubelet runs deploy/'s and the stock chart's pods (hack/e2e-consumers.sh); GPU feature
+# discovery too.
 # Skipped (exit 0) where there is no NVIDIA driver. Nothing on the host changes: every mount
 # is in the private namespace, and the service runs nvidia-persistenced with
 # --no-persistence-mode on a private /run.
@@ -10,8 +12,9 @@
 #   hack/e2e-gpu.sh [DRIVER_TREE]     (default /usr/local/nvidia)
 #
 # Needs, from `make build` and `make e2e-tools` on a build machine: _out/bin/{nvidia-cdi-hook,
-# ldconfig,nvidia-ctk,cdi-e2e}, _out/containers/nvidia-driver/, and runc (in PATH, or
-# Debian's .deb files in _out/debs/, unpacked here).
+# ldconfig,nvidia-ctk,cdi-e2e,nvidia-device-plugin,gpu-feature-discovery,kubelet-e2e,devchar-e2e},
+# _out/e2e/*.yaml (hack/render-consumers.sh), _out/containers/nvidia-driver/, and runc (in
+# PATH, or Debian's .deb files in _out/debs/, unpacked here).
 set -uo pipefail
 top=$(cd "$(dirname "$0")/.." && pwd)
 tree=${1:-/usr/local/nvidia}
@@ -59,8 +62,17 @@ if [ "${E2E_INNER:-}" != 1 ]; then
     "$top/hack/e2e-persistenced.sh" "$W/subroot" "$out/bin/persistenced-e2e" -- --kills 10 2>&1 | sed 's/^/  /'
   fi
 
-  export E2E_GPUS=$(nvidia-smi -L | wc -l)
-  export E2E_SECOND=$(nvidia-smi -L | sed -n 2p | sed 's/.*UUID: \(GPU-[^)]*\)).*/\1/')
+  # Every GPU by index and UUID, as the host's nvidia-smi numbers them: the checks below loop
+  # over all of them, whatever their count.
+  export E2E_UUIDS=$(nvidia-smi --query-gpu=uuid --format=csv,noheader | tr '\n' ' ')
+  export E2E_GPUS=$(echo $E2E_UUIDS | wc -w)
+  echo "== GPUs: $E2E_GPUS"
+  # NVSwitch board, read-only: what the service's detection reads, what NVML says of each
+  # GPU's fabric registration, and whether a fabric manager runs here already.
+  echo "== NVSwitch board: $(ls /proc/driver/nvidia-nvswitch/devices 2>/dev/null | wc -l) switch(es) in /proc/driver/nvidia-nvswitch/devices," \
+    "$(grep -l 0x068000 /sys/bus/pci/devices/*/class 2>/dev/null | xargs -r dirname | xargs -r -I{} grep -l 0x10de {}/vendor | wc -l) NVIDIA bridge (class 0x068000) PCI function(s)"
+  nvidia-smi -q 2>/dev/null | grep -A2 '^ *Fabric$' | grep -E 'State|Status' | sort | uniq -c | sed 's/^/  fabric: /'
+  echo "  fabric manager processes on the host: $(pgrep -c nv-fabricmanager || true)"
   E2E_INNER=1 unshare --mount --propagation private "$0" "$@"
   rc=$?
   echo "== persistence and MIG modes after: $(nvidia-smi --query-gpu=persistence_mode,mig.mode.current --format=csv,noheader | tr '\n' ' ')"
@@ -78,8 +90,10 @@ mount -t tmpfs e2e-run /run && mount --make-shared /run
 mount -t tmpfs e2e-usr-local /usr/local
 mkdir -p /usr/local/glibc && mount --bind -o ro "$W/subroot" /usr/local/glibc
 # /usr/bin and /usr/sbin: the extension's hook and static ldconfig (also as /sbin/ldconfig,
-# the update-ldcache hook's default), over the host's through an overlay.
-for d in /usr/bin /usr/sbin; do
+# the update-ldcache hook's default), over the host's through an overlay. /etc and /var/lib:
+# overlays too, so that what the pods write there (NFD feature files, the kubelet's
+# device-plugin sockets) stays in this namespace.
+for d in /usr/bin /usr/sbin /etc /var/lib; do
   n=$(echo "$d" | tr / _)
   mkdir -p "$W/ov$n/upper" "$W/ov$n/work"
   mount -t overlay "e2e$n" -o "lowerdir=$d,upperdir=$W/ov$n/upper,workdir=$W/ov$n/work" "$d"
@@ -106,15 +120,27 @@ result "hook runs in a root with no loader but the subroot's" $r
 C=$out/containers/nvidia-driver
 svc() { "$C/lib64/ld-linux-x86-64.so.2" --library-path "$C/lib/x86_64-linux-gnu" "$C/usr/bin/nvidia-driver" "$@"; }
 export NVIDIA_DRIVER_SUBROOT=/usr/local/glibc NVIDIA_DRIVER_PERSISTENCE_MODE=false
+# Never start a fabric manager on a shared host: a subroot with nv-fabricmanager in it gets the
+# fabric manager turned off unless E2E_FABRIC_MANAGER=1. Without one the service cannot start
+# any, and its NVSwitch job still reports what it found.
+if [ -e /usr/local/glibc/usr/bin/nv-fabricmanager ] && [ "${E2E_FABRIC_MANAGER:-}" != 1 ]; then
+  export NVIDIA_DRIVER_FABRIC_MANAGER=false
+fi
+export NVIDIA_DRIVER_NFD_FEATURES_DIR=/etc/kubernetes/node-feature-discovery/features.d
+# service_start LOG: run the service in the background (spid) and wait until it is ready (or
+# degraded: an NVSwitch board whose fabric is not up) or gone. exec: $! must be the service
+# itself, so that a SIGTERM reaches it.
+service_start() {
+  ( exec "$C/lib64/ld-linux-x86-64.so.2" --library-path "$C/lib/x86_64-linux-gnu" "$C/usr/bin/nvidia-driver" run 2>"$1" ) &
+  spid=$!
+  for _ in $(seq 3000); do
+    grep -q '"phase": "\(ready\|degraded\)"' /run/nvidia-driver/status.json 2>/dev/null && break
+    kill -0 $spid 2>/dev/null || break
+    sleep 0.1
+  done
+}
 start=$(date +%s%N)
-# exec: $! must be the service itself, so that the SIGTERM below reaches it.
-( exec "$C/lib64/ld-linux-x86-64.so.2" --library-path "$C/lib/x86_64-linux-gnu" "$C/usr/bin/nvidia-driver" run 2>"$W/service.log" ) &
-spid=$!
-for _ in $(seq 600); do
-  grep -q '"phase": "ready"' /run/nvidia-driver/status.json 2>/dev/null && break
-  kill -0 $spid 2>/dev/null || break
-  sleep 0.1
-done
+service_start "$W/service.log"
 echo "== service log"; sed 's/^/  /' "$W/service.log"
 if grep -q '"phase": "ready"' /run/nvidia-driver/status.json 2>/dev/null; then
   result "service ready ($(( ($(date +%s%N) - start) / 1000000 )) ms): mount, device nodes, persistenced, CDI" PASS
@@ -124,6 +150,34 @@ fi
 findmnt -n -o TARGET,OPTIONS /run/nvidia/driver | grep -q '^/run/nvidia/driver *ro,' && r=PASS || r=FAIL
 result "/run/nvidia/driver mounted read-only" $r
 ls -l /dev/nvidia* | sed 's/^/  /'
+missing=
+for f in /proc/driver/nvidia/gpus/*/information; do
+  m=$(sed -n 's/^Device Minor:[[:space:]]*//p' "$f")
+  [ -c "/dev/nvidia$m" ] || missing="$missing /dev/nvidia$m"
+done
+[ -z "$missing" ] && r=PASS || r=FAIL
+result "a device node for each of the $E2E_GPUS GPU(s)${missing:+, missing:$missing}" $r
+# The NVSwitch job: on a board with switches, a fabric manager already at work is left alone
+# and the status says so; elsewhere the status has no fabric.
+fabric=$(grep -A3 '^  "fabric": {' /run/nvidia-driver/status.json | sed -n 's/^ *"\(state\|message\)": "\(.*\)",\{0,1\}$/\2/p' | paste -sd ' ')
+echo "  status fabric: ${fabric:-none}"
+if [ -n "$(ls /proc/driver/nvidia-nvswitch/devices 2>/dev/null)" ]; then
+  [ ! -e /run/nvidia-fabricmanager/fabricmanager.cfg ] && r=PASS || r=FAIL
+  result "NVSwitch board: the service started no fabric manager of its own" $r
+  if [ "$(pgrep -c nv-fabricmanager || true)" -gt 0 ]; then
+    echo "$fabric" | grep -q 'not starting another\|leaving it alone' && r=PASS || r=FAIL
+    result "NVSwitch board: the running fabric manager is left alone, and the status says so" $r
+  fi
+else
+  [ -z "$fabric" ] && r=PASS || r=FAIL
+  result "no NVSwitch: no fabric in the status" $r
+fi
+# The contract (docs/driver-root.md): the driver root's dev/ is the host's /dev, read-only,
+# device nodes open through it.
+o=$(findmnt -n -o OPTIONS /run/nvidia/driver/dev); echo "  /run/nvidia/driver/dev: $o"
+echo "$o" | grep -q '^ro,' && ! echo "$o" | grep -q nodev && [ "$(stat -c %d:%i /dev)" = "$(stat -c %d:%i /run/nvidia/driver/dev)" ] \
+  && (exec 3</run/nvidia/driver/dev/nvidiactl) && r=PASS || r=FAIL
+result "/run/nvidia/driver/dev is the host's /dev, read-only, nodes open" $r
 [ -S /run/nvidia/driver/run/nvidia-persistenced/socket ] && r=PASS || r=FAIL
 result "persistenced socket visible under the driver root" $r
 # Idle memory: the service's RSS a second after ready, and, from its own log line, its RSS at
@@ -142,40 +196,48 @@ echo "== compare our spec with nvidia-ctk's"
 [ "${PIPESTATUS[0]}" = 0 ] && r=PASS || r=FAIL
 result "our spec covers nvidia-ctk's (names, device nodes, mounts)" $r
 
-mkdir -p "$W/dp"
-echo "[$(date +%T)] device-plugin-style spec" >&2
-timeout 60 "$C/lib64/ld-linux-x86-64.so.2" --library-path "$C/lib/x86_64-linux-gnu" "$C/usr/bin/nvidia-driver" cdi generate --driver-root /run/nvidia/driver --vendor k8s.device-plugin.nvidia.com --ldconfig-path "" \
-  --output "$W/dp/k8s.device-plugin.nvidia.com-gpu.yaml" 2>"$W/dp.log" && r=PASS || { r=FAIL; cat "$W/dp.log"; }
-result "device-plugin-style spec generated" $r
-
 # ---- workloads with plain runc -------------------------------------------------------------
 . "$top/hack/e2e-lib.sh"
 e2e_rootfs
 torch=$E2E_TORCH
 
 out1=$(ctr smi /run/cdi nvidia.com/gpu=all nvidia-smi -L); echo "$out1" | sed 's/^/  /'
-echo "$out1" | grep -q '^GPU 0: .*H200\|^GPU 0: ' && r=PASS || r=FAIL
-result "ours, nvidia.com/gpu=all: nvidia-smi -L lists the GPU" $r
+[ "$(echo "$out1" | grep -c '^GPU ')" = "$E2E_GPUS" ] && r=PASS || r=FAIL
+result "ours, nvidia.com/gpu=all: nvidia-smi -L lists all $E2E_GPUS GPU(s)" $r
 out2=$(ctr torch /run/cdi nvidia.com/gpu=all /opt/torch/.venv/bin/python3 -c "$torch"); echo "$out2" | tail -3 | sed 's/^/  /'
 echo "$out2" | grep -q '^sum 1073741824' && r=PASS || r=FAIL
 result "ours, nvidia.com/gpu=all: CUDA matmul in PyTorch is right" $r
 out3=$(ctr control /run/cdi "" /opt/torch/.venv/bin/python3 -c "$torch"); echo "$out3" | tail -2 | sed 's/^/  /'
 echo "$out3" | grep -q '^sum 1073741824' && r=FAIL || r=PASS
 result "control, no CDI edits: CUDA fails" $r
-out4=$(ctr dp-smi "$W/dp" k8s.device-plugin.nvidia.com/gpu=all nvidia-smi -L); echo "$out4" | sed 's/^/  /'
-echo "$out4" | grep -q '^GPU 0: ' && r=PASS || r=FAIL
-result "device plugin's spec: nvidia-smi -L lists the GPU" $r
-out5=$(ctr dp-torch "$W/dp" k8s.device-plugin.nvidia.com/gpu=all /opt/torch/.venv/bin/python3 -c "$torch"); echo "$out5" | tail -2 | sed 's/^/  /'
-echo "$out5" | grep -q '^sum 1073741824' && r=PASS || r=FAIL
-result "device plugin's spec: CUDA matmul in PyTorch is right" $r
 
+# ---- NVIDIA's consumers: the device plugin (its own spec) and GPU feature discovery ---------
+if [ -z "${E2E_SKIP_CONSUMERS:-}" ]; then
+  E2E_TORCH=$torch . "$top/hack/e2e-consumers.sh"
+fi
+
+# sees NAME DEVICES UUID...: a container given DEVICES (comma-separated CDI names) sees exactly
+# the GPUs with those UUIDs.
+sees() {
+  local name=$1 devs=$2; shift 2
+  local got; got=$(ctr "$name" /run/cdi "$devs" nvidia-smi -L)
+  echo "$got" | sed 's/^/  /'
+  [ "$(echo "$got" | grep -c '^GPU ')" = $# ] || return 1
+  for u in "$@"; do echo "$got" | grep -q "$u" || return 1; done
+}
+uuids=($E2E_UUIDS)
+for i in "${!uuids[@]}"; do
+  sees "gpu$i" "nvidia.com/gpu=$i" "${uuids[$i]}" && r=PASS || r=FAIL
+  result "nvidia.com/gpu=$i gives exactly GPU $i" $r
+  sees "uuid$i" "nvidia.com/gpu=${uuids[$i]}" "${uuids[$i]}" && r=PASS || r=FAIL
+  result "nvidia.com/gpu=<UUID of GPU $i> gives exactly GPU $i" $r
+done
 if [ "$E2E_GPUS" -ge 2 ]; then
-  second=$E2E_SECOND
-  out6=$(ctr second /run/cdi nvidia.com/gpu=1 nvidia-smi -L); echo "$out6" | sed 's/^/  /'
-  [ "$(echo "$out6" | grep -c '^GPU ')" = 1 ] && echo "$out6" | grep -q "$second" && r=PASS || r=FAIL
-  result "nvidia.com/gpu=1 gives exactly the second GPU" $r
+  last=$((E2E_GPUS - 1))
+  sees pair "nvidia.com/gpu=0,nvidia.com/gpu=$last" "${uuids[0]}" "${uuids[$last]}" && r=PASS || r=FAIL
+  result "nvidia.com/gpu=0 and nvidia.com/gpu=$last: exactly those two GPUs" $r
 else
-  echo "  (one GPU: the nvidia.com/gpu=1 check needs two)"
+  echo "  (one GPU: the two-device check needs two)"
 fi
 
 # ---- persistenced: kill -9, and stop -------------------------------------------------------
@@ -199,6 +261,15 @@ ms=$(( ($(date +%s%N) - t0) / 1000000 ))
 result "SIGTERM: service exit code $rc after $ms ms" $r
 pgrep -f 'bin/nvidia-persistenced' >/dev/null && r=FAIL || r=PASS
 result "nvidia-persistenced stopped with the service" $r
-findmnt -n /run/nvidia/driver >/dev/null && r=PASS || r=FAIL
-result "driver root still mounted after the service stopped" $r
+findmnt -n /run/nvidia/driver >/dev/null && findmnt -n /run/nvidia/driver/dev >/dev/null && r=PASS || r=FAIL
+result "driver root and its dev/ still mounted after the service stopped" $r
+
+# A restart (every ExtensionServiceConfig change is one) reuses both mounts, stacks nothing.
+service_start "$W/service2.log"
+grep -E 'reusing|replacing|mounted|bound' "$W/service2.log" | sed 's/^/  /'
+n1=$(awk '$5 == "/run/nvidia/driver"' /proc/self/mountinfo | wc -l); n2=$(awk '$5 == "/run/nvidia/driver/dev"' /proc/self/mountinfo | wc -l)
+grep -q 'driver root already mounted by an earlier run' "$W/service2.log" && grep -q 'host /dev already bound under the driver root' "$W/service2.log" \
+  && [ "$n1" = 1 ] && [ "$n2" = 1 ] && r=PASS || r=FAIL
+result "restart: both mounts reused ($n1 at the driver root, $n2 at its dev/)" $r
+kill -TERM $spid; wait $spid
 exit $fail

@@ -15,14 +15,15 @@ e2e_rootfs() {
   return 0
 }
 
-# ctr NAME SPEC_DIR DEVICE-or-empty ARGS...: run ARGS in a container of $W/rootfs with DEVICE
-# injected from the specs in SPEC_DIR; prints the container's output.
+# ctr NAME SPEC_DIR DEVICES-or-empty ARGS...: run ARGS in a container of $W/rootfs with DEVICES
+# (CDI names, comma-separated) injected from the specs in SPEC_DIR; prints the container's output.
 ctr() {
   local name=$1 dir=$2 dev=$3; shift 3
   local b=$W/bundle-$name; rm -rf "$b"; mkdir -p "$b"
   (cd "$b" && runc spec)
   local inj=(--spec-dir "$dir" --config "$b/config.json" --rootfs "$W/rootfs")
-  [ -n "$dev" ] && inj+=(--device "$dev")
+  # dev: one CDI device, or several separated by commas.
+  local d; for d in ${dev//,/ }; do inj+=(--device "$d"); done
   "$out/bin/cdi-e2e" inject "${inj[@]}" -- "$@" || return 1
   echo "[$(date +%T.%N | cut -c1-12)] runc run $name" >&2
   timeout -k 5 "${E2E_CTR_TIMEOUT:-120}" runc --log "$b/runc.log" run --bundle "$b" "e2e-$name-$$" </dev/null 2>&1

@@ -15,19 +15,26 @@ install -m 0755 "$bin" "$stage/usr/bin/nvidia-driver"
 # nvidia-persistenced's /var/run/nvidia-persistenced is compiled in; the service's /run is
 # the host's (see extension/nvidia-driver.yaml).
 mkdir -p "$stage/var" && ln -s ../run "$stage/var/run"
+# nv-fabricmanager, run from the subroot without a chroot, still reads some files from the
+# compiled-in /usr/share/nvidia/nvswitch whatever its config says (siderolabs/extensions
+# nvidia-gpu/nvidia-fabricmanager/production/nvidia-fabricmanager.yaml mounts it there for
+# that reason): point that path at the subroot's copy. It dangles where the subroot has none.
+mkdir -p "$stage/usr/share/nvidia" && ln -s /usr/local/glibc/usr/share/nvidia/nvswitch "$stage/usr/share/nvidia/nvswitch"
 
 interp=$(readelf -l "$bin" | sed -n 's/.*Requesting program interpreter: \(.*\)]/\1/p')
 [ -n "$interp" ] || { echo "stage-service-rootfs: $bin has no ELF interpreter" >&2; exit 1; }
 cp -L "$interp" "$stage/lib64/ld-linux-x86-64.so.2"
 
-# Every library the binary needs, as the build machine's loader resolves it.
-ldd "$bin" | awk '/=> \//{print $3}' | while read -r lib; do
+# Every library the binary needs, as the build machine's loader resolves it (the loader's
+# --list is what ldd runs; the release build installs no ldd).
+list() { "$interp" --list "$1"; }
+list "$bin" | awk '/=> \//{print $3}' | while read -r lib; do
   cp -L "$lib" "$stage/lib/x86_64-linux-gnu/"
 done
 # And the rest of the same glibc: the service dlopens the subroot's libnvidia-ml.so.1, which
 # needs libm, libdl, libpthread and librt. They must come from the glibc of the service's own
 # libc, never from the subroot's (another glibc version).
-libc=$(ldd "$bin" | awk '/libc\.so\.6 => \//{print $3}')
+libc=$(list "$bin" | awk '/libc\.so\.6 => \//{print $3}')
 for lib in libm.so.6 libdl.so.2 libpthread.so.0 librt.so.1 libresolv.so.2; do
   cp -L "$(dirname "$libc")/$lib" "$stage/lib/x86_64-linux-gnu/"
 done

@@ -126,16 +126,25 @@ func runService(stderr io.Writer) int {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
 
-	cfg, err := config.Load(os.Environ())
+	env, simulated := takeSimulation(os.Environ())
+
+	cfg, err := config.Load(env)
 	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: cfg.LogLevel}))
-	log.Info("starting", "version", version, "subroot", cfg.Subroot, "hostRoot", cfg.HostRoot, "simulate", cfg.Simulate)
+	log.Info("starting", "version", version, "subroot", cfg.Subroot, "hostRoot", cfg.HostRoot)
 
 	if err != nil {
 		return waitOnInvalidConfig(ctx, log, cfg, err)
 	}
 	logSettings(log, cfg)
 
-	if err := serve(ctx, log, cfg); err != nil {
+	serveFn := serve
+	if simulated != "" {
+		serveFn = func(ctx context.Context, log *slog.Logger, cfg config.Config) error {
+			return serveSimulated(ctx, log, cfg, simulated)
+		}
+	}
+
+	if err := serveFn(ctx, log, cfg); err != nil {
 		if errors.Is(err, context.Canceled) {
 			return 0
 		}

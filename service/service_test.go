@@ -69,6 +69,9 @@ func run(t *testing.T, sc scenario) outcome {
 	testutil.RequireRoot(t)
 
 	bin := testutil.ServiceBinary(t)
+	if _, simulated := sc.Env["NVIDIA_DRIVER_SIMULATE"]; simulated {
+		bin = testutil.DemoBinary(t)
+	}
 	spec, err := json.Marshal(sc)
 	require.NoError(t, err)
 
@@ -149,6 +152,37 @@ func TestBadConfigurationIsReportedAndWaits(t *testing.T) {
 	assert.False(t, o.Mounted)
 	assert.Empty(t, o.DevEntries)
 	assert.False(t, o.Ready)
+}
+
+// TestProductHasNoSimulator: the simulated NVML (and go-nvml's mocks, which panic on calls
+// they do not implement) is only in the demo build; the product rejects the demo's setting
+// like any unknown one, before touching anything.
+func TestProductHasNoSimulator(t *testing.T) {
+	list := exec.Command("go", "list", "-deps", "./service")
+	list.Dir = testutil.RepoRoot(t)
+	out, err := list.Output()
+	require.NoError(t, err)
+	assert.NotContains(t, string(out), "nvidia-driver/pkg/gpu/sim\n")
+	assert.NotContains(t, string(out), "go-nvml/pkg/nvml/mock")
+
+	// A bad configuration is reported and waited on (TestBadConfigurationIsReportedAndWaits).
+	host := t.TempDir()
+	var msg strings.Builder
+	cmd := exec.Command(testutil.ServiceBinary(t), "run")
+	cmd.Env = []string{"NVIDIA_DRIVER_SIMULATE=h200:1", "NVIDIA_DRIVER_HOST_ROOT=" + host}
+	cmd.Stdout, cmd.Stderr = &msg, &msg
+	require.NoError(t, cmd.Start())
+
+	status := filepath.Join(host, "run/nvidia-driver/status.json")
+	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+		if st, err := readJSON(status); err == nil && st["phase"] == "failed" {
+			break
+		}
+	}
+
+	require.NoError(t, cmd.Process.Signal(syscall.SIGTERM))
+	require.NoError(t, cmd.Wait(), "exits 0 on SIGTERM: %s", msg.String())
+	assert.Contains(t, msg.String(), "unknown variable NVIDIA_DRIVER_SIMULATE")
 }
 
 // TestSIGTERMDuringBringUp stops the service at many moments of its bring-up: it must exit 0

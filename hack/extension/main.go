@@ -45,7 +45,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 	fs.StringVar(&o.Overlay, "overlay", "extension/rootfs", "files laid over rootfs/")
 	ref := fs.String("image-ref", "", "tag written into the image archive (default: talos-nvidia/<name>:<version>)")
 	noImage := fs.Bool("no-image", false, "assemble and validate only")
-	validate := fs.String("validate", "", "only validate this extension directory (manifest.yaml + rootfs/)")
+	validate := fs.String("validate", "", "only validate this extension directory (manifest.yaml + rootfs/); with -module-kind also its subroot and kernel modules")
+	driverVersion := fs.String("driver-version", "", "with -validate and -module-kind: the driver version every nvidia*.ko must declare")
 
 	if err := fs.Parse(args); err != nil {
 		return 2
@@ -54,7 +55,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	log := slog.New(slog.NewTextHandler(stderr, nil))
 
 	if *validate != "" {
-		if err := extension.Validate(*validate, o.TalosVersion); err != nil {
+		if err := extension.ValidateRelease(*validate, o.TalosVersion, extension.ModuleKind(*kind), *driverVersion); err != nil {
 			fmt.Fprintln(stderr, "extension:", err)
 
 			return 1

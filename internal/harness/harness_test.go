@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -21,26 +22,30 @@ import (
 
 // The harness runs the service from nothing but the extension's files, under runc, with the
 // OCI spec Talos would give it, and looks from the host side. The extension is assembled
-// from the working tree's service (so a stale _out never passes) and the Debian subroot.
+// from the working tree's service (so a stale _out never passes) and the Debian subroot:
+// the product build, or the demo build (-tags simulate) for the runs on simulated GPUs.
 
-var (
-	extOnce sync.Once
-	extWork string
-	extDir  string
-	extErr  error
-)
+type assembly struct {
+	once      sync.Once
+	work, dir string
+	err       error
+}
+
+var product, demo assembly
 
 func TestMain(m *testing.M) {
 	code := m.Run()
 
-	if extWork != "" {
-		os.RemoveAll(extWork) //nolint:errcheck // scratch
+	for _, a := range []*assembly{&product, &demo} {
+		if a.work != "" {
+			os.RemoveAll(a.work) //nolint:errcheck // scratch
+		}
 	}
 
 	os.Exit(code)
 }
 
-func assembled(t *testing.T) string {
+func assembled(t *testing.T, a *assembly) string {
 	t.Helper()
 	testutil.RequireRoot(t)
 
@@ -66,22 +71,26 @@ func assembled(t *testing.T) string {
 	}
 
 	bin := testutil.ServiceBinary(t)
+	if a == &demo {
+		bin = testutil.DemoBinary(t)
+	}
+
 	subroot := testutil.Subroot(t)
 
-	extOnce.Do(func() {
+	a.once.Do(func() {
 		work, err := os.MkdirTemp("", "harness-ext-")
 		if err != nil {
-			extErr = err
+			a.err = err
 
 			return
 		}
 
-		extWork = work
+		a.work = work
 
 		ctr := filepath.Join(work, "ctr")
 
 		if o, err := exec.Command(filepath.Join(top, "hack/stage-service-rootfs.sh"), bin, ctr).CombinedOutput(); err != nil {
-			extErr = err
+			a.err = err
 			t.Logf("%s", o)
 
 			return
@@ -94,20 +103,26 @@ func assembled(t *testing.T) string {
 			Hook: filepath.Join(out, "bin/nvidia-cdi-hook"), Ldconfig: filepath.Join(out, "bin/ldconfig"),
 			OutDir: filepath.Join(work, "out"),
 		})
-		extDir, extErr = res.Dir, err
+		a.dir, a.err = res.Dir, err
 	})
 
-	require.NoError(t, extErr)
+	require.NoError(t, a.err)
 
-	return extDir
+	return a.dir
 }
 
 // run builds the harness command and runs it (it re-executes itself in a private mount
-// namespace).
+// namespace) on the product build, or on the demo build when the document names
+// NVIDIA_DRIVER_SIMULATE.
 func run(t *testing.T, args ...string) harness.Result {
 	t.Helper()
 
-	ext := assembled(t)
+	a := &product
+	if slices.ContainsFunc(args, func(s string) bool { return strings.HasPrefix(s, "NVIDIA_DRIVER_SIMULATE=") }) {
+		a = &demo
+	}
+
+	ext := assembled(t, a)
 	top := testutil.RepoRoot(t)
 
 	bin := filepath.Join(t.TempDir(), "harness")
@@ -130,8 +145,9 @@ func run(t *testing.T, args ...string) harness.Result {
 // minimal is the document of docs/examples/gpu-worker.patch.yaml: the service waits for one.
 var minimal = []string{"-env", "NVIDIA_DRIVER_LOG_LEVEL=info"}
 
-// simulated is a document for a node of simulated GPUs whose host root lies under
-// /run/nvidia, which the service binds rshared, so that the host side sees what it does.
+// simulated is a document for a node of simulated GPUs (the demo build of the service) whose
+// host root lies under /run/nvidia, which the service binds rshared, so that the host side
+// sees what it does.
 func simulated(extra ...string) []string {
 	args := []string{
 		"-env", "NVIDIA_DRIVER_SIMULATE=h200:1", "-env", "NVIDIA_DRIVER_HOST_ROOT=/run/nvidia/sim",

@@ -7,6 +7,8 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"strings"
+	"sync"
 	"testing"
 
 	"golang.org/x/sys/unix"
@@ -50,12 +52,12 @@ func Subroot(t testing.TB) string {
 	top := RepoRoot(t)
 	dir := filepath.Join(top, "_out", "subroot-debian")
 
-	if _, err := os.Stat(filepath.Join(dir, "usr/lib64/libnvidia-ml.so.1")); err == nil {
+	if subrootCurrent(dir) {
 		return dir
 	}
 
 	withLock(t, filepath.Join(top, "_out", ".subroot.lock"), func() {
-		if _, err := os.Stat(filepath.Join(dir, "usr/lib64/libnvidia-ml.so.1")); err == nil {
+		if subrootCurrent(dir) {
 			return
 		}
 
@@ -68,21 +70,48 @@ func Subroot(t testing.TB) string {
 	return dir
 }
 
+// subrootCurrent: built, and with the layout's newest piece (the dev/ mount point), so an
+// older fixture left in _out is rebuilt rather than failing every check.
+func subrootCurrent(dir string) bool {
+	for _, p := range []string{"usr/lib64/libnvidia-ml.so.1", "dev"} {
+		if _, err := os.Stat(filepath.Join(dir, p)); err != nil {
+			return false
+		}
+	}
+
+	return true
+}
+
 // ServiceBinary builds the service from the working tree (cached by go build) into
 // _out/test/ and returns its path, so a test never runs a stale binary.
 func ServiceBinary(t testing.TB) string {
 	t.Helper()
 
+	return buildService(t, "nvidia-driver")
+}
+
+// DemoBinary builds the demo build of the service (-tags simulate, as `make demo` does): the
+// product plus simulated GPUs chosen with NVIDIA_DRIVER_SIMULATE=MODEL:COUNT.
+func DemoBinary(t testing.TB) string {
+	t.Helper()
+
+	return buildService(t, "nvidia-driver-demo", "-tags", "simulate")
+}
+
+func buildService(t testing.TB, name string, flags ...string) string {
+	t.Helper()
+
 	top := RepoRoot(t)
-	path := filepath.Join(top, "_out", "test", "nvidia-driver")
+	path := filepath.Join(top, "_out", "test", name)
 
 	withLock(t, filepath.Join(top, "_out", ".build.lock"), func() {
-		cmd := exec.Command("go", "build", "-o", path, "./service")
+		args := append(append([]string{"build"}, flags...), "-o", path, "./service")
+		cmd := exec.Command("go", args...)
 		cmd.Dir = top
 		cmd.Env = append(os.Environ(), "CGO_CFLAGS=-O2 -Wno-deprecated-declarations")
 
 		if out, err := cmd.CombinedOutput(); err != nil {
-			t.Fatalf("building nvidia-driver: %v\n%s", err, out)
+			t.Fatalf("building %s: %v\n%s", name, err, out)
 		}
 	})
 
@@ -132,4 +161,24 @@ func Model(t testing.TB, key string) sim.ModelSpec {
 	}
 
 	return m
+}
+
+// SyncBuffer is a log sink that goroutines write while a test reads it.
+type SyncBuffer struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (s *SyncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+
+	return s.b.Write(p)
+}
+
+func (s *SyncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+
+	return s.b.String()
 }

@@ -10,10 +10,10 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
-	"regexp"
 	"sort"
 	"strconv"
 	"strings"
+	"time"
 
 	"gopkg.in/yaml.v3"
 )
@@ -50,6 +50,11 @@ type Config struct {
 	UVMPersistenceMode  bool
 	PersistencedVerbose bool
 
+	// FabricManager runs nv-fabricmanager on NVSwitch boards; FabricWait bounds the wait
+	// for the GPUs' NVLink fabric registration there.
+	FabricManager bool
+	FabricWait    time.Duration
+
 	CDI     bool
 	CDISpec string // a host path
 
@@ -57,9 +62,6 @@ type Config struct {
 	MIGLayout string // empty: leave MIG as it is
 
 	NFDFeaturesDir string // a host path; empty: off
-
-	// Simulate replaces the GPUs with simulated ones, e.g. "h200:4" (the demo).
-	Simulate string
 
 	// Source says where each setting came from ("default", "env", the file), for the log.
 	Source map[string]string
@@ -95,12 +97,14 @@ func settings() []setting {
 		{"persistenceMode", "PERSISTENCE_MODE", "true", "nvidia-persistenced --persistence-mode", boolean(func(c *Config) *bool { return &c.PersistenceMode })},
 		{"uvmPersistenceMode", "UVM_PERSISTENCE_MODE", "false", "nvidia-persistenced --uvm-persistence-mode", boolean(func(c *Config) *bool { return &c.UVMPersistenceMode })},
 		{"persistencedVerbose", "PERSISTENCED_VERBOSE", "false", "nvidia-persistenced --verbose", boolean(func(c *Config) *bool { return &c.PersistencedVerbose })},
+		{"fabricManager", "FABRIC_MANAGER", "true", "run nv-fabricmanager on NVSwitch boards", boolean(func(c *Config) *bool { return &c.FabricManager })},
+		// NVIDIA's nvidia-fabricmanager.service gives the daemon TimeoutStartSec=240.
+		{"fabricWait", "FABRIC_WAIT", "4m", "how long to wait for the GPUs' NVLink fabric registration on NVSwitch boards", duration(func(c *Config) *time.Duration { return &c.FabricWait })},
 		{"cdi", "CDI", "true", "generate a CDI spec", boolean(func(c *Config) *bool { return &c.CDI })},
 		{"cdiSpec", "CDI_SPEC", "/run/cdi/nvidia.yaml", "where the CDI spec is written", absPath(func(c *Config) *string { return &c.CDISpec })},
 		{"migConfig", "MIG_CONFIG", "/etc/nvidia-driver/mig.yaml", "MIG layouts file (mig-parted v1 format)", absPath(func(c *Config) *string { return &c.MIGConfig })},
 		{"migLayout", "MIG_LAYOUT", "", "the MIG layout to apply; empty leaves MIG as it is", text(func(c *Config) *string { return &c.MIGLayout })},
 		{"nfdFeaturesDir", "NFD_FEATURES_DIR", "", "write Node Feature Discovery labels there; empty is off", optionalAbsPath(func(c *Config) *string { return &c.NFDFeaturesDir })},
-		{"simulate", "SIMULATE", "", "simulated GPUs MODEL:COUNT (demo and tests only)", simulate},
 	}
 }
 
@@ -197,11 +201,6 @@ func Load(environ []string) (Config, error) {
 		}
 
 		c.Source[s.key] = "env"
-	}
-
-	if c.Simulate != "" && c.HostRoot == "/" {
-		errs = append(errs, errors.New("simulate: simulated GPUs need a throwaway host root (hostRoot), not the node's /"))
-		bad["hostRoot"] = true
 	}
 
 	if len(errs) > 0 {
@@ -333,16 +332,17 @@ func boolean(field func(*Config) *bool) func(*Config, string) error {
 	}
 }
 
-var simulatePattern = regexp.MustCompile(`^([a-z0-9-]+):([1-9][0-9]?)$`)
+func duration(field func(*Config) *time.Duration) func(*Config, string) error {
+	return func(c *Config, v string) error {
+		d, err := time.ParseDuration(strings.TrimSpace(v))
+		if err != nil || d <= 0 {
+			return fmt.Errorf("%q is not a positive duration (e.g. 90s, 4m)", v)
+		}
 
-func simulate(c *Config, v string) error {
-	if v != "" && !simulatePattern.MatchString(v) {
-		return fmt.Errorf("%q is not MODEL:COUNT (e.g. h200:4)", v)
+		*field(c) = d
+
+		return nil
 	}
-
-	c.Simulate = v
-
-	return nil
 }
 
 func keys(all []setting) []string {

@@ -74,7 +74,7 @@ func TestEveryProblemAtOnce(t *testing.T) {
 		`config.yaml:6: logLevel: slog: level string "loud": unknown name`,
 		`environment: unknown variable NVIDIA_DRIVER_MIG_LAYOT (did you mean NVIDIA_DRIVER_MIG_LAYOUT?)`,
 		`environment: NVIDIA_DRIVER_CDI: "yes please" is not a boolean`,
-		`simulate: simulated GPUs need a throwaway host root`,
+		"environment: unknown variable NVIDIA_DRIVER_SIMULATE", // only the demo build knows it
 	} {
 		assert.Contains(t, msg, want)
 	}
@@ -110,15 +110,6 @@ func TestExplicitFileMustExist(t *testing.T) {
 	require.ErrorContains(t, err, "reading configuration file: open /nonexistent/config.yaml")
 }
 
-func TestSimulate(t *testing.T) {
-	c, err := load(t, "version: v1alpha1\n", "NVIDIA_DRIVER_SIMULATE=h100-80gb:8", "NVIDIA_DRIVER_HOST_ROOT=/tmp/demo")
-	require.NoError(t, err)
-	assert.Equal(t, "h100-80gb:8", c.Simulate)
-
-	_, err = load(t, "version: v1alpha1\n", "NVIDIA_DRIVER_SIMULATE=h200", "NVIDIA_DRIVER_HOST_ROOT=/tmp/demo")
-	require.ErrorContains(t, err, `"h200" is not MODEL:COUNT`)
-}
-
 // TestInvalidConfigurationStillSaysWhereToReport: with an error, Load returns the settings
 // it could read, so that the service logs at the asked level and writes its failed status
 // under the host root; a host root it was not given right is left empty.
@@ -131,7 +122,6 @@ func TestInvalidConfigurationStillSaysWhereToReport(t *testing.T) {
 	}{
 		{"bad boolean", []string{"NVIDIA_DRIVER_HOST_ROOT=/tmp/node", "NVIDIA_DRIVER_LOG_LEVEL=debug", "NVIDIA_DRIVER_CDI=maybe"}, "/tmp/node", slog.LevelDebug},
 		{"bad host root", []string{"NVIDIA_DRIVER_HOST_ROOT=relative"}, "", slog.LevelInfo},
-		{"simulated GPUs on the node's /", []string{"NVIDIA_DRIVER_SIMULATE=h200:1"}, "", slog.LevelInfo},
 	}
 
 	for _, tc := range cases {

@@ -1,7 +1,6 @@
 package daemons_test
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"log/slog"
@@ -15,6 +14,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/talos-nvidia/nvidia-driver/internal/testutil"
 	"github.com/talos-nvidia/nvidia-driver/pkg/daemons"
 )
 
@@ -74,7 +74,7 @@ func fakeSubroot(t testing.TB) string {
 type fixture struct {
 	root, runDir, control, argsFile string
 	spec                            daemons.Spec
-	logs                            *syncBuffer
+	logs                            *testutil.SyncBuffer
 	log                             *slog.Logger
 }
 
@@ -83,7 +83,7 @@ type fixture struct {
 func newFixture(t testing.TB, mode string, edit ...func(*daemons.PersistencedOptions)) *fixture {
 	t.Helper()
 	requireRoot(t)
-	f := &fixture{root: fakeSubroot(t), logs: &syncBuffer{}}
+	f := &fixture{root: fakeSubroot(t), logs: &testutil.SyncBuffer{}}
 	state := shortTempDir(t)
 	f.runDir = filepath.Join(state, "run")
 	f.control = filepath.Join(state, "mode")
@@ -153,23 +153,6 @@ func waitFor(t testing.TB, what string, cond func() bool) {
 		}
 		time.Sleep(200 * time.Microsecond)
 	}
-}
-
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }
 
 type netDialer struct{}

@@ -57,15 +57,21 @@ func readPID(path string) (int, error) {
 	return pid, nil
 }
 
-// ForeignDaemonError says that a live daemon we did not start holds the pid file.
-// The supervisor leaves it alone: it neither signals it nor removes its files.
+// ForeignDaemonError says that a live daemon we did not start holds the pid file, or does
+// the job by other evidence. The supervisor leaves it alone: it neither signals it nor
+// removes its files.
 type ForeignDaemonError struct {
 	Name, PIDFile string
 	// PID is the holder as seen from our PID namespace; 0 when it lives outside it.
 	PID int
+	// Evidence, when there is no pid file to go by, says what showed the daemon.
+	Evidence string
 }
 
 func (e *ForeignDaemonError) Error() string {
+	if e.Evidence != "" {
+		return fmt.Sprintf("%s: %s: a daemon this service did not start does the job; leaving it alone", e.Name, e.Evidence)
+	}
 	where := "in another PID namespace (the host's own daemon or another extension's)"
 	if e.PID != 0 {
 		where = fmt.Sprintf("pid %d in our PID namespace, not started by this supervisor", e.PID)

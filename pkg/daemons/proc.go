@@ -16,6 +16,11 @@ type proc struct {
 	pidfd   int
 	started time.Time
 
+	// output holds the last output of a foreground daemon, outputDone is closed when its
+	// pipe reached EOF; both nil for a daemon that forked away from its starter.
+	output     *tailBuffer
+	outputDone chan struct{}
+
 	exit      chan struct{} // closed when the process has exited
 	quit      chan struct{} // closed by close() to end the watcher
 	watcher   chan struct{} // closed when the watcher has returned
@@ -94,6 +99,29 @@ func (p *proc) reap() string {
 		return fmt.Sprintf("killed by signal %v", ws.Signal())
 	default:
 		return fmt.Sprintf("exited with status %d", ws.ExitStatus())
+	}
+}
+
+// exitDescription reaps an exited daemon and says how it ended, with the last of its output
+// when it ran in the foreground (read to the end, or for at most half a second: something it
+// forked may hold the pipe).
+func (p *proc) exitDescription() string {
+	how := p.reap()
+	if p.output == nil {
+		return how
+	}
+	p.drainOutput()
+	return how + p.output.suffix()
+}
+
+// drainOutput waits until an exited foreground daemon's output is read.
+func (p *proc) drainOutput() {
+	if p.outputDone == nil {
+		return
+	}
+	select {
+	case <-p.outputDone:
+	case <-time.After(500 * time.Millisecond):
 	}
 }
 

@@ -7,23 +7,28 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
-	"io/fs"
+	"net"
 	"os"
 	"path/filepath"
 	"slices"
 	"strings"
+	"time"
 )
 
-// Spec describes one daemonizing daemon: how to start it and where its state lives.
+// Spec describes one daemon: how to start it and where its state lives.
 type Spec struct {
 	// Name is used in logs and errors.
 	Name string
-	// Path and Args are the command that starts the daemon; the command forks a
-	// daemon and exits 0 once that daemon is ready (or non-zero if it failed).
+	// Path and Args are the command that starts the daemon. Unless Foreground is set, the
+	// command forks a daemon and exits 0 once that daemon is ready (or non-zero if it failed).
 	Path string
 	Args []string
 	// Env is appended to the supervisor's environment.
 	Env []string
+	// Foreground: the command is the daemon itself and stays in the foreground. The
+	// supervisor is then its parent: it reads its output into the log, collects its exit
+	// status, and needs no pid file (PIDFile may be empty). It is ready when Socket answers.
+	Foreground bool
 	// RunDir is where the daemon keeps its pid file and socket. The supervisor
 	// creates it before the first start (so that the daemon never removes it,
 	// which keeps MirrorDir's bind mount valid) and, without a MirrorDir,
@@ -42,6 +47,14 @@ type Spec struct {
 	MirrorDir string
 	// Prepare, if set, runs before every start (the fabric manager writes its config file).
 	Prepare func() error
+	// Foreign, if set, runs before every start and returns a *ForeignDaemonError when a
+	// daemon this supervisor did not start already does the job (seen, say, on a TCP port
+	// in the host's network namespace): the supervisor then leaves it alone and gives up.
+	Foreign func() error
+	// NoRetry, if set, is shown a failed start's error (with the daemon's last output) and
+	// returns why no restart can help, or "": the supervisor then gives up at once rather
+	// than restart a daemon that can never run on this machine.
+	NoRetry func(failure string) (reason string)
 }
 
 // Validate reports every problem with the spec at once.
@@ -50,9 +63,11 @@ func (s Spec) Validate() error {
 	if s.Name == "" {
 		errs = append(errs, errors.New("daemon spec: name is empty"))
 	}
-	for _, f := range []struct{ name, val string }{
-		{"path", s.Path}, {"run dir", s.RunDir}, {"pid file", s.PIDFile}, {"socket", s.Socket},
-	} {
+	paths := []struct{ name, val string }{{"path", s.Path}, {"run dir", s.RunDir}, {"socket", s.Socket}}
+	if !s.Foreground || s.PIDFile != "" {
+		paths = append(paths, struct{ name, val string }{"pid file", s.PIDFile})
+	}
+	for _, f := range paths {
 		if !filepath.IsAbs(f.val) {
 			errs = append(errs, fmt.Errorf("daemon spec %q: %s %q is not an absolute path", s.Name, f.name, f.val))
 		}
@@ -63,6 +78,18 @@ func (s Spec) Validate() error {
 	return errors.Join(errs...)
 }
 
+// CannotRunError says that a daemon failed in a way no restart can fix.
+type CannotRunError struct {
+	Name, Reason string
+	Err          error
+}
+
+func (e *CannotRunError) Error() string {
+	return fmt.Sprintf("%s cannot run on this machine: %s (%v)", e.Name, e.Reason, e.Err)
+}
+
+func (e *CannotRunError) Unwrap() error { return e.Err }
+
 // Paths inside a glibc subroot (see DESIGN.md §4, "the subroot").
 const (
 	subrootLoader = "lib64/ld-linux-x86-64.so.2"
@@ -71,7 +98,9 @@ const (
 	// PersistencedRunDir is where nvidia-persistenced keeps its state; the path is
 	// compiled into the daemon and no flag changes it.
 	PersistencedRunDir = "/var/run/nvidia-persistenced"
-	// FabricManagerRunDir is where we point nv-fabricmanager's pid file, state and socket.
+	// FabricManagerRunDir is where we point nv-fabricmanager's state and sockets: the
+	// directory NVIDIA's packaging uses (NVIDIA Fabric Manager User Guide, "Running Fabric
+	// Manager as a Non-Root User": /var/run/nvidia-fabricmanager).
 	FabricManagerRunDir = "/var/run/nvidia-fabricmanager"
 )
 
@@ -146,65 +175,124 @@ func Persistenced(o PersistencedOptions) (Spec, error) {
 // FabricManagerOptions says how to run nv-fabricmanager from a subroot.
 type FabricManagerOptions struct {
 	DriverRoot string
-	// RunDir holds the generated config, pid file, state file, log file and socket.
+	// RunDir holds the generated config, the state file and the sockets.
 	RunDir string
 	// Config is the config file to start from; default
-	// <DriverRoot>/usr/share/nvidia/nvswitch/fabricmanager.cfg.
+	// <DriverRoot>/usr/share/nvidia/nvswitch/fabricmanager.cfg, where NVIDIA's archive
+	// puts it (NVIDIA Fabric Manager User Guide, "Fabric Manager Startup Options").
 	Config string
 	// MirrorDir: see Spec.MirrorDir (/run/nvidia/driver/run/nvidia-fabricmanager).
 	MirrorDir string
 	Env       []string
 }
 
-// FabricManager returns the spec of nv-fabricmanager run from a subroot. Before each
-// start it writes <RunDir>/fabricmanager.cfg: the subroot's config with the keys that
-// must point at writable or subroot paths overridden (daemonize, syslog logging, the
-// pid/state/log files in RunDir, the API socket at <RunDir>/socket where nvcdi looks,
-// and the topology and database directories in the subroot).
+// FabricManagerConfig is the subroot's config file, relative to the subroot.
+const FabricManagerConfig = "usr/share/nvidia/nvswitch/fabricmanager.cfg"
+
+// FabricManager returns the spec of nv-fabricmanager run from a subroot in the foreground.
+// Before each start it writes <RunDir>/fabricmanager.cfg: the subroot's config with the
+// keys that must point at writable or subroot paths overridden. Like siderolabs'
+// nvidia-fabricmanager extension (nvidia-gpu/nvidia-fabricmanager/pkg.yaml), it runs with
+// DAEMONIZE=0, logs to stderr (an empty LOG_FILE_NAME), and keeps its state file under
+// /var/run; unlike it, both of its sockets are UNIX sockets in RunDir, so it listens on no
+// TCP port of the host's network namespace: the API socket FM_CMD_UNIX_SOCKET_PATH at
+// <RunDir>/socket, where nvcdi (internal/discover/ipc.go) and libnvidia-container look for
+// /run/nvidia-fabricmanager/socket, and its internal GFM/LFM channel UNIX_SOCKET_PATH.
+//
+// Before a start it checks the FM API TCP address of the subroot's config (default
+// 127.0.0.1:6666, the port a fabric manager run as NVIDIA ships it listens on, as
+// siderolabs' extension does): an answer there is a fabric manager this service did not
+// start, which it leaves alone. NV_WARN_NOTHING_TO_DO and an invalid config end the
+// supervision at once: no restart can change them.
 func FabricManager(o FabricManagerOptions) (Spec, error) {
 	if o.RunDir == "" {
 		o.RunDir = FabricManagerRunDir
 	}
 	if o.Config == "" {
-		o.Config = filepath.Join(o.DriverRoot, "usr/share/nvidia/nvswitch/fabricmanager.cfg")
+		o.Config = filepath.Join(o.DriverRoot, FabricManagerConfig)
 	}
 	if err := checkSubroot(o.DriverRoot, "usr/bin/nv-fabricmanager"); err != nil {
 		return Spec{}, fmt.Errorf("nv-fabricmanager: %w", err)
 	}
-	if _, err := os.Stat(o.Config); err != nil {
+	shipped, err := os.ReadFile(o.Config)
+	if err != nil {
 		return Spec{}, fmt.Errorf("nv-fabricmanager: config file: %w", err)
 	}
 	cfg := filepath.Join(o.RunDir, "fabricmanager.cfg")
 	nvswitchDir := filepath.Join(o.DriverRoot, "usr/share/nvidia/nvswitch")
 	overrides := map[string]string{
-		"DAEMONIZE":          "1",
-		"LOG_USE_SYSLOG":     "1",
-		"LOG_FILE_NAME":      filepath.Join(o.RunDir, "fabricmanager.log"),
-		"STATE_FILE_NAME":    filepath.Join(o.RunDir, "fabricmanager.state"),
-		"UNIX_SOCKET_PATH":   filepath.Join(o.RunDir, "socket"),
-		"DATABASE_PATH":      nvswitchDir,
-		"TOPOLOGY_FILE_PATH": nvswitchDir,
+		"DAEMONIZE":               "0",
+		"LOG_FILE_NAME":           "",
+		"LOG_USE_SYSLOG":          "0",
+		"STATE_FILE_NAME":         filepath.Join(o.RunDir, "fabricmanager.state"),
+		"FM_CMD_UNIX_SOCKET_PATH": filepath.Join(o.RunDir, "socket"),
+		"UNIX_SOCKET_PATH":        filepath.Join(o.RunDir, "internal.socket"),
+		"DATABASE_PATH":           nvswitchDir,
+		"TOPOLOGY_FILE_PATH":      nvswitchDir,
 	}
+	apiAddr := fabricManagerAPIAddr(shipped)
 	s := Spec{
 		Name: "nv-fabricmanager",
 		Path: filepath.Join(o.DriverRoot, subrootLoader),
 		Args: []string{"--library-path", filepath.Join(o.DriverRoot, subrootLibDir),
 			filepath.Join(o.DriverRoot, "usr/bin/nv-fabricmanager"), "-c", cfg},
-		Env:       o.Env,
-		RunDir:    o.RunDir,
-		PIDFile:   filepath.Join(o.RunDir, "nv-fabricmanager.pid"),
-		Socket:    filepath.Join(o.RunDir, "socket"),
-		MirrorDir: o.MirrorDir,
+		Env:        o.Env,
+		Foreground: true,
+		RunDir:     o.RunDir,
+		Socket:     filepath.Join(o.RunDir, "socket"),
+		MirrorDir:  o.MirrorDir,
 		Prepare: func() error {
-			in, err := os.ReadFile(o.Config)
-			if err != nil {
-				return fmt.Errorf("read fabric manager config: %w", err)
-			}
-			_, err = atomicfile.Write(cfg, RewriteConfig(in, overrides), 0o644)
+			_, err := atomicfile.Write(cfg, RewriteConfig(shipped, overrides), 0o644)
 			return err
 		},
+		Foreign: func() error {
+			c, err := net.DialTimeout("tcp", apiAddr, 200*time.Millisecond)
+			if err != nil {
+				return nil
+			}
+			_ = c.Close()
+			return &ForeignDaemonError{Name: "nv-fabricmanager",
+				Evidence: fmt.Sprintf("%s, the fabric manager's API address (FM_CMD_BIND_INTERFACE, FM_CMD_PORT_NUMBER in %s), accepts connections", apiAddr, o.Config)}
+		},
+		NoRetry: fabricManagerNoRetry,
 	}
 	return s, s.Validate()
+}
+
+// fabricManagerAPIAddr is the TCP address a fabric manager with the shipped config listens
+// on for its API: FM_CMD_BIND_INTERFACE and FM_CMD_PORT_NUMBER, defaults 127.0.0.1 and 6666
+// (NVIDIA Fabric Manager User Guide, config options).
+func fabricManagerAPIAddr(cfg []byte) string {
+	host, port := "127.0.0.1", "6666"
+	sc := bufio.NewScanner(bytes.NewReader(cfg))
+	for sc.Scan() {
+		k, v, ok := strings.Cut(strings.TrimSpace(sc.Text()), "=")
+		switch {
+		case !ok || strings.HasPrefix(k, "#") || strings.TrimSpace(v) == "":
+		case k == "FM_CMD_BIND_INTERFACE":
+			host = strings.TrimSpace(v)
+		case k == "FM_CMD_PORT_NUMBER":
+			port = strings.TrimSpace(v)
+		}
+	}
+	return net.JoinHostPort(host, port)
+}
+
+// fabricManagerNoRetry recognizes the failures of nv-fabricmanager that a restart repeats.
+func fabricManagerNoRetry(failure string) string {
+	switch {
+	case strings.Contains(failure, "NV_WARN_NOTHING_TO_DO"):
+		// "request to query NVSwitch device information from NVSwitch driver failed with
+		// error:WARNING Nothing to do [NV_WARN_NOTHING_TO_DO]", exit status 1
+		// (NVIDIA/gpu-operator#610, siderolabs/talos#14015).
+		return "the NVSwitch driver has nothing for it to manage (NV_WARN_NOTHING_TO_DO): the GPUs are passed through " +
+			"to a VM without the board's NVSwitch topology, or the board needs NVLSM (NVLink 5)"
+	case strings.Contains(failure, "has an invalid value"):
+		// "fabric manager config file item: FABRIC_NODE_CONFIG_FILE has an invalid value"
+		// (siderolabs/extensions#511).
+		return "its configuration file has an invalid value"
+	}
+	return ""
 }
 
 // RewriteConfig sets KEY=value lines of a fabricmanager.cfg-style file: existing keys
@@ -234,21 +322,6 @@ func RewriteConfig(in []byte, set map[string]string) []byte {
 		out.WriteString(k + "=" + set[k] + "\n")
 	}
 	return out.Bytes()
-}
-
-// HasNVSwitch says whether the node has NVSwitches (so needs the fabric manager):
-// the nvswitch driver lists them in /proc/driver/nvidia-nvswitch/devices/.
-// prefix is prepended to the path (empty on a real node).
-func HasNVSwitch(prefix string) (bool, error) {
-	dir := filepath.Join(prefix, "/proc/driver/nvidia-nvswitch/devices")
-	ents, err := os.ReadDir(dir)
-	if errors.Is(err, fs.ErrNotExist) {
-		return false, nil
-	}
-	if err != nil {
-		return false, fmt.Errorf("look for nvswitches in %s: %w", dir, err)
-	}
-	return len(ents) > 0, nil
 }
 
 func checkSubroot(root string, files ...string) error {

@@ -44,32 +44,6 @@ func TestPersistencedArgs(t *testing.T) {
 	}
 }
 
-func TestHasNVSwitch(t *testing.T) {
-	for _, tc := range []struct {
-		name    string
-		devices []string // nil: no nvswitch driver at all
-		want    bool
-	}{
-		{"no nvswitch driver", nil, false},
-		{"driver without devices", []string{}, false},
-		{"two nvswitches", []string{"0000:05:00.0", "0000:06:00.0"}, true},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			prefix := t.TempDir()
-			if tc.devices != nil {
-				dir := filepath.Join(prefix, "proc/driver/nvidia-nvswitch/devices")
-				require.NoError(t, os.MkdirAll(dir, 0o755))
-				for _, d := range tc.devices {
-					require.NoError(t, os.WriteFile(filepath.Join(dir, d), nil, 0o644))
-				}
-			}
-			got, err := daemons.HasNVSwitch(prefix)
-			require.NoError(t, err)
-			assert.Equal(t, tc.want, got)
-		})
-	}
-}
-
 func TestFabricManagerConfig(t *testing.T) {
 	root := t.TempDir()
 	for _, d := range []string{"lib64", "usr/bin", "usr/share/nvidia/nvswitch"} {
@@ -88,6 +62,8 @@ func TestFabricManagerConfig(t *testing.T) {
 	assert.Equal(t, []string{"--library-path", filepath.Join(root, "usr/lib64"),
 		filepath.Join(root, "usr/bin/nv-fabricmanager"), "-c", filepath.Join(runDir, "fabricmanager.cfg")}, s.Args)
 	assert.Equal(t, filepath.Join(runDir, "socket"), s.Socket)
+	assert.True(t, s.Foreground, "run in the foreground, as siderolabs' extension runs it")
+	assert.Empty(t, s.PIDFile)
 	require.NoError(t, s.Prepare())
 	got, err := os.ReadFile(filepath.Join(runDir, "fabricmanager.cfg"))
 	require.NoError(t, err)

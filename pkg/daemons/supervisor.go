@@ -1,8 +1,9 @@
-// Package daemons supervises NVIDIA's daemonizing daemons (nvidia-persistenced,
-// and nv-fabricmanager on NVSwitch systems): it starts one from the subroot,
-// knows when it is ready (its UNIX socket accepts a connection) and when it dies
-// (a pidfd on the process found through the lock on its pid file), restarts it
-// with capped backoff, and stops it with SIGTERM, a grace period and SIGKILL.
+// Package daemons supervises NVIDIA's daemons: nvidia-persistenced, which always
+// daemonizes, and nv-fabricmanager on NVSwitch systems, run in the foreground. It starts
+// one from the subroot, knows when it is ready (its UNIX socket accepts a connection) and
+// when it dies (a pidfd on the process, found through the lock on its pid file for a
+// daemon that forked away), restarts it with capped backoff, gives up on failures no
+// restart can fix, and stops it with SIGTERM, a grace period and SIGKILL.
 //
 // Pids mean nothing across PID namespaces (each Talos extension service has its
 // own), so a pid file is judged by its lockf lock only: a locked pid file whose
@@ -10,6 +11,7 @@
 package daemons
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"errors"
@@ -148,6 +150,13 @@ func (s *Supervisor) Ready() <-chan struct{} { return s.ready }
 // Done is closed when Run has returned.
 func (s *Supervisor) Done() <-chan struct{} { return s.done }
 
+// Changed returns a channel that is closed at the next change of the status.
+func (s *Supervisor) Changed() <-chan struct{} {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.changed
+}
+
 // Status returns a snapshot.
 func (s *Supervisor) Status() Status {
 	s.mu.Lock()
@@ -281,6 +290,14 @@ func (s *Supervisor) Run(ctx context.Context) (err error) {
 				s.log.Error("not starting", "error", err)
 				return err
 			}
+			if s.spec.NoRetry != nil {
+				if reason := s.spec.NoRetry(err.Error()); reason != "" {
+					err = &CannotRunError{Name: s.spec.Name, Reason: reason, Err: err}
+					s.setState(StateFailed, 0, err)
+					s.log.Error("giving up", "error", err)
+					return err
+				}
+			}
 			var failures int
 			s.update(func(st *Status) { st.StartFailures++; failures = st.StartFailures })
 			if !everReady && failures >= s.opts.MaxStartFailures {
@@ -307,7 +324,7 @@ func (s *Supervisor) Run(ctx context.Context) (err error) {
 
 		select {
 		case <-p.exit:
-			how := p.reap()
+			how := p.exitDescription()
 			p.close()
 			up := time.Since(p.started)
 			s.cleanStale()
@@ -323,6 +340,15 @@ func (s *Supervisor) Run(ctx context.Context) (err error) {
 				s.setState(StateStopped, 0, nil)
 				s.log.Info("daemon stopped together with the service", "how", how)
 				return nil
+			}
+			// A daemon that was ready a moment can still die of what no restart fixes.
+			if s.spec.NoRetry != nil {
+				if reason := s.spec.NoRetry(derr.Error()); reason != "" {
+					err := &CannotRunError{Name: s.spec.Name, Reason: reason, Err: derr}
+					s.setState(StateFailed, 0, err)
+					s.log.Error("giving up", "error", err)
+					return err
+				}
 			}
 			s.update(func(st *Status) { st.Restarts++ })
 			s.log.Warn("daemon died; restarting", "error", derr, "backoff", backoff)
@@ -432,7 +458,12 @@ func (s *Supervisor) preflight() error {
 		return &ForeignDaemonError{Name: s.spec.Name, PIDFile: s.spec.PIDFile, PID: st.holder}
 	}
 	if !st.exists && socketAnswers(s.spec.Socket) {
-		return fmt.Errorf("%s: socket %s answers but there is no pid file: a foreign daemon uses it; leaving it alone", s.spec.Name, s.spec.Socket)
+		return &ForeignDaemonError{Name: s.spec.Name, Evidence: fmt.Sprintf("socket %s answers and no daemon of ours runs", s.spec.Socket)}
+	}
+	if s.spec.Foreign != nil {
+		if err := s.spec.Foreign(); err != nil {
+			return err
+		}
 	}
 	s.cleanStale()
 	return nil
@@ -452,6 +483,9 @@ func (s *Supervisor) cleanStale() {
 		s.log.Info("removing stale pid file", "path", s.spec.PIDFile)
 	}
 	for _, p := range []string{s.spec.PIDFile, s.spec.Socket} {
+		if p == "" {
+			continue
+		}
 		if err := removeIfExists(p); err != nil {
 			s.log.Warn("cannot remove stale state", "error", err)
 		}
@@ -474,6 +508,9 @@ func (s *Supervisor) start(ctx context.Context) (*proc, error) {
 		if err := s.spec.Prepare(); err != nil {
 			return nil, fmt.Errorf("%s: prepare: %w", s.spec.Name, err)
 		}
+	}
+	if s.spec.Foreground {
+		return s.startForeground(ctx)
 	}
 	out := &tailBuffer{max: 2048}
 	cmd := exec.Command(s.spec.Path, s.spec.Args...)
@@ -551,6 +588,77 @@ func (s *Supervisor) start(ctx context.Context) (*proc, error) {
 	}
 }
 
+// startForeground starts a daemon that stays in the foreground, as our child, and waits
+// until its socket answers. Its output goes to the log and, the last of it, into errors.
+func (s *Supervisor) startForeground(ctx context.Context) (*proc, error) {
+	r, w, err := os.Pipe()
+	if err != nil {
+		return nil, fmt.Errorf("%s: output pipe: %w", s.spec.Name, err)
+	}
+	cmd := exec.Command(s.spec.Path, s.spec.Args...)
+	cmd.Env = append(os.Environ(), s.spec.Env...)
+	cmd.Stdout, cmd.Stderr = w, w
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	s.log.Debug("starting", "cmd", cmd.String())
+	err = cmd.Start()
+	_ = w.Close()
+	if err != nil {
+		_ = r.Close()
+		return nil, fmt.Errorf("%s: start: %w", s.spec.Name, err)
+	}
+	pid := cmd.Process.Pid
+	// The pidfd watches it and proc.reap collects its status: os.Process must not.
+	_ = cmd.Process.Release()
+	p, err := openProc(pid)
+	if err != nil {
+		_ = syscall.Kill(pid, syscall.SIGKILL)
+		var ws unix.WaitStatus
+		_, _ = unix.Wait4(pid, &ws, 0, nil)
+		_ = r.Close()
+		return nil, fmt.Errorf("%s: watch pid %d: %w", s.spec.Name, pid, err)
+	}
+	p.output, p.outputDone = &tailBuffer{max: 2048}, make(chan struct{})
+	go s.logOutput(r, p)
+
+	deadline := time.NewTimer(s.opts.StartTimeout)
+	defer deadline.Stop()
+	tick := time.NewTicker(s.opts.PollInterval)
+	defer tick.Stop()
+	for {
+		if p.exited() {
+			how := p.exitDescription()
+			p.close()
+			return nil, fmt.Errorf("%s: exited before it was ready: %s", s.spec.Name, how)
+		}
+		if socketAnswers(s.spec.Socket) {
+			return p, nil
+		}
+		select {
+		case <-ctx.Done():
+			s.stopProc(p)
+			return nil, ctx.Err()
+		case <-deadline.C:
+			s.stopProc(p)
+			return nil, fmt.Errorf("%s: not ready within %s: pid %d runs but socket %s does not answer%s",
+				s.spec.Name, s.opts.StartTimeout, pid, s.spec.Socket, p.output.suffix())
+		case <-p.exit:
+		case <-tick.C:
+		}
+	}
+}
+
+// logOutput copies a foreground daemon's output, line by line, into the log and p.output.
+func (s *Supervisor) logOutput(r *os.File, p *proc) {
+	defer close(p.outputDone)
+	defer r.Close()
+	sc := bufio.NewScanner(r)
+	for sc.Scan() {
+		line := sc.Text()
+		_, _ = p.output.Write([]byte(line + "\n"))
+		s.log.Info("daemon output", "line", line)
+	}
+}
+
 // findDaemon returns the daemon holding the pid file lock, or nil if none does yet.
 func (s *Supervisor) findDaemon() (*proc, error) {
 	st, err := probePIDFile(s.spec.PIDFile)
@@ -604,7 +712,9 @@ func (s *Supervisor) stopProc(p *proc) {
 			s.log.Error("daemon survived SIGKILL", "pid", p.pid)
 		}
 	}
-	s.log.Info("daemon stopped", "pid", p.pid, "how", p.reap(), "took", time.Since(start).Round(time.Millisecond))
+	how := p.reap()
+	p.drainOutput()
+	s.log.Info("daemon stopped", "pid", p.pid, "how", how, "took", time.Since(start).Round(time.Millisecond))
 }
 
 // tailBuffer keeps the last max bytes written: the starter's output, for errors.

@@ -17,12 +17,20 @@ import (
 	"strings"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/talos-nvidia/nvidia-driver/pkg/nvswitch"
 )
 
-// Minors of the control nodes on the nvidia major, fixed by the kernel module's ABI.
+// Minors of the control nodes, fixed by the kernel module's ABI.
 const (
 	ctlMinor     = 255
 	modesetMinor = 254
+	// nvidia-nvswitchctl on the nvidia-nvswitch major (open-gpu-kernel-modules
+	// kernel-open/nvidia/linux_nvswitch.c NVSWITCH_CTL_MINOR; nvidia-modprobe-utils.h
+	// NV_NVSWITCH_CTL_MINOR), and /dev/nvidia-nvlink, the only minor of its major
+	// (nvidia-modprobe-utils.c nvidia_nvlink_mknod).
+	nvswitchCtlMinor = 255
+	nvlinkMinor      = 0
 	// Default mode of the nvidia nodes (the module's NVreg_DeviceFileMode default).
 	nodeMode = 0o666
 )
@@ -45,13 +53,24 @@ type Result struct {
 // Sync makes /dev match what the loaded driver offers, under hostRoot ("/" on a node):
 // nvidiactl, nvidia-modeset (when nvidia_modeset is loaded), nvidia-uvm and nvidia-uvm-tools
 // (when nvidia_uvm is loaded), one nvidiaN per GPU, the MIG capability nodes that exist now
-// (config, monitor, and one per GPU and compute instance) with stale ones removed, and
-// /dev/char/<major>:<minor> links for all of them.
+// (config, monitor, and one per GPU and compute instance) with stale ones removed, on
+// NVSwitch boards the nodes the fabric manager needs (nvidia-nvswitchctl, nvidia-nvswitchN,
+// nvidia-nvlink, the fabric-mgmt capability), and /dev/char/<major>:<minor> links for all
+// of them.
 func Sync(log *slog.Logger, hostRoot string) (Result, error) {
 	want, err := Desired(hostRoot)
 	if err != nil {
 		return Result{}, err
 	}
+
+	// The GPUs work without the NVSwitch nodes; only the fabric manager needs them, and the
+	// node's NVSwitch job says so when it cannot start.
+	fabric, err := FabricNodes(hostRoot)
+	if err != nil {
+		log.Warn("NVSwitch device nodes not made", "error", err)
+	}
+
+	want = append(want, fabric...)
 
 	res := Result{Nodes: want}
 
@@ -131,6 +150,103 @@ func Desired(hostRoot string) ([]Node, error) {
 	}
 
 	return nodes, nil
+}
+
+// FabricNodes returns, on a board whose nvidia-nvswitch driver manages switches, the nodes
+// the fabric manager opens there (NVIDIA Fabric Manager User Guide, "Running Fabric Manager
+// as a Non-Root User", HGX-2/A100/H100: /dev/nvidia-nvswitchctl, one /dev/nvidia-nvswitchN
+// per switch, /dev/nvidia-nvlink and the nvidia-nvlink fabric-mgmt capability), with the
+// modes the drivers give in their permissions files, as nvidia-modprobe makes them.
+func FabricNodes(hostRoot string) ([]Node, error) {
+	switches, err := nvswitch.DriverDevices(hostRoot)
+	if err != nil || len(switches) == 0 {
+		return nil, err
+	}
+
+	majors, err := readMajors(filepath.Join(hostRoot, "proc/devices"))
+	if err != nil {
+		return nil, err
+	}
+
+	major, ok := majors["nvidia-nvswitch"]
+	if !ok {
+		return nil, fmt.Errorf("the nvidia-nvswitch driver lists %d NVSwitch(es) but %s has no nvidia-nvswitch character device",
+			len(switches), filepath.Join(hostRoot, "proc/devices"))
+	}
+
+	mode, _, err := readCapability(filepath.Join(hostRoot, "proc/driver/nvidia-nvswitch/permissions"))
+	if err != nil {
+		return nil, err
+	}
+
+	nodes := []Node{{Path: "dev/nvidia-nvswitchctl", Major: major, Minor: nvswitchCtlMinor, Mode: mode}}
+
+	// The driver gives each switch the lowest free minor as it probes it and lists no minor
+	// in /proc (linux_nvswitch.c nvswitch_find_minor, procfs_nvswitch.c): the N switches
+	// initialized at load have minors 0..N-1, the numbers the fabric manager passes to
+	// nvidia-modprobe -s -c.
+	for i := range switches {
+		nodes = append(nodes, Node{Path: fmt.Sprintf("dev/nvidia-nvswitch%d", i), Major: major, Minor: uint32(i), Mode: mode})
+	}
+
+	if nvl, ok := majors["nvidia-nvlink"]; ok {
+		mode, _, err := readCapability(filepath.Join(hostRoot, "proc/driver/nvidia-nvlink/permissions"))
+		if err != nil {
+			return nil, err
+		}
+
+		nodes = append(nodes, Node{Path: "dev/nvidia-nvlink", Major: nvl, Minor: nvlinkMinor, Mode: mode})
+	}
+
+	caps, ok := majors["nvidia-caps"]
+	if !ok {
+		return nodes, nil
+	}
+
+	capNode, err := fabricMgmtCapability(hostRoot, caps)
+	if err != nil {
+		return nil, err
+	}
+
+	if capNode == nil {
+		return nodes, nil
+	}
+
+	return append(nodes, *capNode), nil
+}
+
+// fabricMgmtCapability returns the node of the nvidia-nvlink fabric-mgmt capability, which
+// the fabric manager must hold (kernel-open/nvidia/nvlink_caps.c), or nil where the driver
+// offers none. Its minor is in the capability file and in /proc/driver/nvidia-caps/
+// nvlink-minors (kernel-open/nvidia/nv-caps.c); both must agree.
+func fabricMgmtCapability(hostRoot string, major uint32) (*Node, error) {
+	path := filepath.Join(hostRoot, "proc/driver/nvidia-nvlink/capabilities/fabric-mgmt")
+	if _, err := os.Stat(path); errors.Is(err, fs.ErrNotExist) {
+		return nil, nil
+	}
+
+	mode, fileMinor, err := readCapability(path)
+	if err != nil {
+		return nil, err
+	}
+
+	minorsPath := filepath.Join(hostRoot, "proc/driver/nvidia-caps/nvlink-minors")
+
+	minors, err := readMigMinors(minorsPath)
+	if err != nil {
+		return nil, err
+	}
+
+	minor, ok := minors["fabric-mgmt"]
+
+	switch {
+	case !ok:
+		return nil, fmt.Errorf("capability fabric-mgmt is not listed in %s", minorsPath)
+	case fileMinor >= 0 && uint32(fileMinor) != minor:
+		return nil, fmt.Errorf("capability fabric-mgmt: %s says minor %d, %s says %d", path, fileMinor, minorsPath, minor)
+	}
+
+	return &Node{Path: fmt.Sprintf("dev/nvidia-caps/nvidia-cap%d", minor), Major: major, Minor: minor, Mode: mode}, nil
 }
 
 func readMajors(path string) (map[string]uint32, error) {

@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -14,6 +15,7 @@ import (
 
 	"github.com/talos-nvidia/nvidia-driver/internal/testutil"
 	"github.com/talos-nvidia/nvidia-driver/pkg/devnodes"
+	"github.com/talos-nvidia/nvidia-driver/pkg/gpu/sim"
 )
 
 var quiet = slog.New(slog.NewTextHandler(io.Discard, nil))
@@ -224,4 +226,96 @@ func write(t *testing.T, root, rel, content string) {
 	p := filepath.Join(root, rel)
 	require.NoError(t, os.MkdirAll(filepath.Dir(p), 0o755))
 	require.NoError(t, os.WriteFile(p, []byte(content), 0o444))
+}
+
+// TestSyncNVSwitchBoard: on a simulated HGX board (four NVSwitches) the nodes that the fabric
+// manager opens are made from /proc, with /dev/char links; where the nvidia-nvswitch driver
+// manages no switch (a VM without the board's topology) none are made.
+func TestSyncNVSwitchBoard(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		board sim.NVSwitches
+		want  []string
+	}{
+		{"four managed switches", sim.NVSwitches{Count: 4}, []string{
+			"dev/nvidia-nvswitchctl", "dev/nvidia-nvswitch0", "dev/nvidia-nvswitch1", "dev/nvidia-nvswitch2",
+			"dev/nvidia-nvswitch3", "dev/nvidia-nvlink", "dev/nvidia-caps/nvidia-cap0",
+		}},
+		{"switches the driver does not manage", sim.NVSwitches{Count: 4, Unmanaged: true}, nil},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			root := newRoot(t)
+			fakeProc(t, root)
+			require.NoError(t, sim.WriteNVSwitchFS(root, tc.board))
+
+			res, err := devnodes.Sync(quiet, root)
+			require.NoError(t, err)
+
+			var fabric []string
+
+			for _, n := range res.Nodes {
+				if n.Major == sim.MajorNVSwitch || n.Major == sim.MajorNVLink || (n.Major == 507 && n.Minor == 0) {
+					fabric = append(fabric, n.Path)
+				}
+			}
+
+			assert.Equal(t, tc.want, fabric)
+
+			if tc.want == nil {
+				assert.NoFileExists(t, filepath.Join(root, "dev/nvidia-nvswitchctl"))
+
+				return
+			}
+
+			assertNode(t, filepath.Join(root, "dev/nvidia-nvswitchctl"), sim.MajorNVSwitch, 255, 0o666)
+			assertNode(t, filepath.Join(root, "dev/nvidia-nvswitch3"), sim.MajorNVSwitch, 3, 0o666)
+			assertNode(t, filepath.Join(root, "dev/nvidia-nvlink"), sim.MajorNVLink, 0, 0o666)
+			assertNode(t, filepath.Join(root, "dev/nvidia-caps/nvidia-cap0"), 507, 0, 0o400)
+
+			link, err := os.Readlink(filepath.Join(root, fmt.Sprintf("dev/char/%d:255", sim.MajorNVSwitch)))
+			require.NoError(t, err)
+			assert.Equal(t, "../nvidia-nvswitchctl", link)
+
+			// A second sync keeps the fabric-mgmt capability: it is not a stale MIG node.
+			res, err = devnodes.Sync(quiet, root)
+			require.NoError(t, err)
+			assert.Empty(t, res.Removed)
+			assert.Empty(t, res.Created)
+		})
+	}
+}
+
+func TestSyncNVSwitchErrors(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		setup func(t *testing.T, root string)
+		want  string
+	}{
+		{"switches without a major", func(t *testing.T, root string) {
+			write(t, root, "proc/driver/nvidia-nvswitch/devices/0000:c1:00.0/information", "BIOS Version: N/A\n")
+			write(t, root, "proc/driver/nvidia-nvswitch/permissions", "DeviceFileMode: 438\n")
+		}, "lists 1 NVSwitch(es) but"},
+		{"fabric-mgmt minors disagree", func(t *testing.T, root string) {
+			require.NoError(t, sim.WriteNVSwitchFS(root, sim.NVSwitches{Count: 2}))
+			require.NoError(t, os.WriteFile(filepath.Join(root, "proc/driver/nvidia-caps/nvlink-minors"), []byte("fabric-mgmt 7\n"), 0o444))
+		}, "fabric-mgmt: "},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			root := newRoot(t)
+			fakeProc(t, root)
+			tc.setup(t, root)
+
+			// The GPUs' nodes are made; the NVSwitch problem is a warning, not a failure.
+			var logs strings.Builder
+			_, err := devnodes.Sync(slog.New(slog.NewTextHandler(&logs, nil)), root)
+			require.NoError(t, err)
+			assert.FileExists(t, filepath.Join(root, "dev/nvidia3"))
+			assert.NoFileExists(t, filepath.Join(root, "dev/nvidia-nvswitchctl"))
+			assert.Contains(t, logs.String(), "NVSwitch device nodes not made")
+			assert.Contains(t, logs.String(), tc.want)
+
+			_, err = devnodes.FabricNodes(root)
+			require.ErrorContains(t, err, tc.want)
+		})
+	}
 }

@@ -22,34 +22,7 @@ import (
 )
 
 // built returns Options for the development image from make build's outputs.
-func built(t *testing.T) extension.Options {
-	t.Helper()
-
-	top := testutil.RepoRoot(t)
-	out := filepath.Join(top, "_out")
-
-	for _, p := range []string{"bin/nvidia-cdi-hook", "bin/ldconfig", "containers/nvidia-driver/usr/bin/nvidia-driver"} {
-		if _, err := os.Stat(filepath.Join(out, p)); err != nil {
-			if os.Getenv("CI") != "" {
-				t.Fatalf("%s missing: CI runs make build first", p)
-			}
-
-			t.Skipf("%s missing: run make build first", p)
-		}
-	}
-
-	return extension.Options{
-		Name: "nvidia-driver-test", VersionSuffix: "-test", TalosVersion: "v1.13.5", TalosConstraint: "= v1.13.5",
-		Author: "test", Description: "test build",
-		Payload:       testutil.Subroot(t),
-		ServiceRootfs: filepath.Join(out, "containers/nvidia-driver"),
-		ServiceSpec:   filepath.Join(top, "extension/nvidia-driver.yaml"),
-		Hook:          filepath.Join(out, "bin/nvidia-cdi-hook"),
-		Ldconfig:      filepath.Join(out, "bin/ldconfig"),
-		Overlay:       filepath.Join(top, "extension/rootfs"),
-		OutDir:        t.TempDir(),
-	}
-}
+func built(t *testing.T) extension.Options { return testutil.DevExtension(t) }
 
 func quiet() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
 
@@ -106,8 +79,13 @@ func TestDevImageRoundTrip(t *testing.T) {
 		assert.NoError(t, err, p)
 	}
 
-	_, err = os.Lstat(filepath.Join(extracted, "rootfs/usr/local/glibc/dev"))
-	assert.True(t, os.IsNotExist(err), "no dev/ in the subroot")
+	// The mount point for the host's /dev (docs/driver-root.md): an empty directory, and an
+	// image that lost it is refused.
+	devDir, err := os.ReadDir(filepath.Join(extracted, "rootfs/usr/local/glibc/dev"))
+	require.NoError(t, err, "the subroot's dev/ mount point")
+	assert.Empty(t, devDir, "dev/ ships empty")
+	require.NoError(t, os.Remove(filepath.Join(extracted, "rootfs/usr/local/glibc/dev")))
+	assert.ErrorContains(t, extension.Validate(extracted, "v1.13.5"), "/usr/local/glibc/dev: missing")
 
 	// Talos (a newer release) refuses it: the manifest pins v1.13.5.
 	newer := semver.MustParse("1.13.6")
@@ -221,6 +199,14 @@ func TestBadBuildsFail(t *testing.T) {
 			},
 			want: []string{"driver payload", "/usr/lib64/libnvidia-ml.so.1"},
 		},
+		{
+			name: "payload without the dev/ mount point",
+			plant: func(t *testing.T, o *extension.Options) {
+				o.Payload = testutil.CopyTree(t, o.Payload)
+				require.NoError(t, os.Remove(filepath.Join(o.Payload, "dev")))
+			},
+			want: []string{"driver payload", "/dev: missing: the empty directory on which the service binds the host's /dev"},
+		},
 	}
 
 	for _, tc := range cases {
@@ -280,19 +266,6 @@ func compile(t *testing.T, src string, flags ...string) string {
 	return bin
 }
 
-// module compiles an object file whose .modinfo says what a kernel module's would.
-func module(t *testing.T, dir, name, version, license string) {
-	t.Helper()
-
-	src := filepath.Join(t.TempDir(), "mod.c")
-	info := "version=" + version + `\0license=` + license + `\0name=` + strings.ReplaceAll(name, "-", "_")
-	require.NoError(t, os.WriteFile(src, []byte(`__attribute__((section(".modinfo"), used)) static const char modinfo[] = "`+info+`";`+"\n"), 0o644))
-	require.NoError(t, os.MkdirAll(dir, 0o755))
-
-	out, err := exec.Command("gcc", "-c", "-o", filepath.Join(dir, name+".ko"), src).CombinedOutput()
-	require.NoError(t, err, "%s", out)
-}
-
 func TestKernelModulesMustMatchThePayload(t *testing.T) {
 	testutil.RequireRoot(t)
 
@@ -313,6 +286,27 @@ func TestKernelModulesMustMatchThePayload(t *testing.T) {
 			name:    "proprietary modules of the payload's version",
 			kind:    extension.ModulesProprietary,
 			modules: map[string][2]string{"nvidia": {"535.309.01", "NVIDIA"}, "nvidia-modeset": {"535.309.01", "NVIDIA"}},
+		},
+		{
+			// NVIDIA's open build: nvidia-peermem.ko declares Linux-OpenIB.
+			name: "open modules with nvidia-peermem",
+			kind: extension.ModulesOpen,
+			modules: map[string][2]string{
+				"nvidia": {"535.309.01", "Dual MIT/GPL"}, "nvidia-uvm": {"535.309.01", "Dual MIT/GPL"},
+				"nvidia-peermem": {"535.309.01", "Linux-OpenIB"},
+			},
+		},
+		{
+			name:    "open modules named proprietary",
+			kind:    extension.ModulesProprietary,
+			modules: map[string][2]string{"nvidia": {"535.309.01", "Dual MIT/GPL"}, "nvidia-peermem": {"535.309.01", "Linux-OpenIB"}},
+			want:    []string{"/usr/lib/modules/" + kver + "/extras/nvidia.ko: license \"Dual MIT/GPL\", but proprietary modules declare \"NVIDIA\""},
+		},
+		{
+			name:    "nvidia-peermem of another version",
+			kind:    extension.ModulesOpen,
+			modules: map[string][2]string{"nvidia": {"535.309.01", "Dual MIT/GPL"}, "nvidia-peermem": {"580.178.04", "Linux-OpenIB"}},
+			want:    []string{"/usr/lib/modules/" + kver + "/extras/nvidia-peermem.ko: module version \"580.178.04\" differs from the userspace driver's"},
 		},
 		{
 			name:    "modules of another version",
@@ -340,7 +334,7 @@ func TestKernelModulesMustMatchThePayload(t *testing.T) {
 			o.Modules, o.ModuleKind = t.TempDir(), tc.kind
 
 			for name, vl := range tc.modules {
-				module(t, filepath.Join(o.Modules, kver, "extras"), name, vl[0], vl[1])
+				testutil.KernelModule(t, filepath.Join(o.Modules, kver, "extras"), name, vl[0], vl[1])
 			}
 
 			res, err := extension.Assemble(quiet(), o)

@@ -10,6 +10,10 @@ import (
 	"strings"
 )
 
+// KindModule is the module whose license says which kind of NVIDIA's modules an extension
+// carries.
+const KindModule = "nvidia"
+
 // ModInfo is what a kernel module's .modinfo section says.
 type ModInfo struct {
 	Path    string `json:"path"` // relative to the modules directory
@@ -63,10 +67,14 @@ func ReadModInfo(path string) (ModInfo, error) {
 }
 
 // CheckModules checks NVIDIA's kernel modules under dir (a /usr/lib/modules tree): nvidia.ko
-// must be there, and every nvidia*.ko must declare the userspace driver's version and the
-// license of the expected kind. Modules of another version could not talk to the userspace
-// (NVML fails with "driver/library version mismatch"); the other kind would not be what the
-// extension's name promises.
+// must be there, every nvidia*.ko must declare the userspace driver's version, and nvidia.ko
+// must declare the license of the expected kind. Modules of another version could not talk
+// to the userspace (NVML fails with "driver/library version mismatch"); the other kind would
+// not be what the extension's name promises.
+//
+// Only nvidia.ko's license tells the kinds apart: the open build's nvidia-peermem.ko declares
+// "Linux-OpenIB" (open-gpu-kernel-modules kernel-open/nvidia-peermem/nvidia-peermem.c), and
+// the other modules of either kind are not guaranteed to follow nvidia.ko's license.
 func CheckModules(dir, driverVersion string, kind ModuleKind) ([]ModInfo, error) {
 	var (
 		mods []ModInfo
@@ -105,7 +113,7 @@ func CheckModules(dir, driverVersion string, kind ModuleKind) ([]ModInfo, error)
 			errs = append(errs, fmt.Errorf("/%s: module version %q differs from the userspace driver's %s", filepath.Join(ModulesPath, rel), mi.Version, driverVersion))
 		}
 
-		if want := kind.License(); mi.License != want {
+		if want := kind.License(); mi.Name == KindModule && mi.License != want {
 			errs = append(errs, fmt.Errorf("/%s: license %q, but %s modules declare %q", filepath.Join(ModulesPath, rel), mi.License, kind, want))
 		}
 
@@ -118,7 +126,7 @@ func CheckModules(dir, driverVersion string, kind ModuleKind) ([]ModInfo, error)
 	found := false
 
 	for _, m := range mods {
-		if m.Name == "nvidia" {
+		if m.Name == KindModule {
 			found = true
 		}
 	}

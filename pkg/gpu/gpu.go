@@ -1,5 +1,6 @@
 // Package gpu is the narrow NVML layer the node jobs share: loading NVML from the subroot,
-// initializing it with errors a person can act on, and listing the GPUs.
+// initializing it with errors a person can act on, listing the GPUs (the one GPU model
+// every job uses), and naming the processes that hold a GPU open.
 package gpu
 
 import (
@@ -40,7 +41,7 @@ func Init(lib nvml.Interface) error {
 	}
 }
 
-// GPU describes one physical GPU.
+// GPU describes one physical GPU, as every job sees it.
 type GPU struct {
 	Index     int    `json:"index"`
 	UUID      string `json:"uuid"`
@@ -51,7 +52,14 @@ type GPU struct {
 	// MIG is "enabled", "disabled", "enabled (pending disable)" and so on, or "" where the
 	// GPU has no MIG.
 	MIG string `json:"mig,omitempty"`
+	// PciDeviceID is device<<16 | vendor, as mig-parted's device-filter writes it (0x233510DE).
+	PciDeviceID uint32 `json:"-"`
+	// MemoryBytes is the GPU's whole memory (MIG profile names are fractions of it).
+	MemoryBytes uint64 `json:"-"`
 }
+
+// MigCapable says whether NVML reports a MIG mode for the GPU.
+func (g GPU) MigCapable() bool { return g.MIG != "" }
 
 // List returns the GPUs NVML sees. NVML must be initialized.
 func List(lib nvml.Interface) ([]GPU, error) {
@@ -68,7 +76,7 @@ func List(lib nvml.Interface) ([]GPU, error) {
 			return nil, fmt.Errorf("GPU %d: getting its handle: %w", i, ret)
 		}
 
-		g, err := describe(i, d)
+		g, err := Describe(i, d)
 		if err != nil {
 			return nil, fmt.Errorf("GPU %d: %w", i, err)
 		}
@@ -79,7 +87,8 @@ func List(lib nvml.Interface) ([]GPU, error) {
 	return gpus, nil
 }
 
-func describe(i int, d nvml.Device) (GPU, error) {
+// Describe reads one GPU, whose index is i.
+func Describe(i int, d nvml.Device) (GPU, error) {
 	g := GPU{Index: i}
 
 	var ret nvml.Return
@@ -102,20 +111,29 @@ func describe(i int, d nvml.Device) (GPU, error) {
 	}
 
 	g.BusID = busID(pci)
+	g.PciDeviceID = pci.PciDeviceId
 
 	if mem, ret := d.GetMemoryInfo(); ret == nvml.SUCCESS {
 		g.MemoryMiB = mem.Total >> 20
+		g.MemoryBytes = mem.Total
 	}
 
-	g.MIG = migMode(d)
+	if g.MIG, ret = migMode(d); ret != nvml.SUCCESS {
+		return g, fmt.Errorf("reading MIG mode: %w", ret)
+	}
 
 	return g, nil
 }
 
-func migMode(d nvml.Device) string {
+// migMode names the GPU's MIG mode; "" where the GPU has no MIG.
+func migMode(d nvml.Device) (string, nvml.Return) {
 	current, pending, ret := d.GetMigMode()
+	if errors.Is(ret, nvml.ERROR_NOT_SUPPORTED) {
+		return "", nvml.SUCCESS
+	}
+
 	if ret != nvml.SUCCESS {
-		return ""
+		return "", ret
 	}
 
 	s := modeName(current)
@@ -123,7 +141,7 @@ func migMode(d nvml.Device) string {
 		s += fmt.Sprintf(" (pending %s)", modeName(pending))
 	}
 
-	return s
+	return s, nvml.SUCCESS
 }
 
 func modeName(m int) string {

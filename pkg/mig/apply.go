@@ -5,12 +5,13 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"os"
 	"path/filepath"
 	"strings"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 	"github.com/siderolabs/go-cmd/pkg/cmd"
+
+	"github.com/talos-nvidia/nvidia-driver/pkg/gpu"
 )
 
 // Persistenced suspends our nvidia-persistenced while a GPU's MIG mode
@@ -62,8 +63,15 @@ func (NoPersistenced) Suspend(context.Context) (func(context.Context) error, err
 type Result string
 
 const (
-	ResultSuccess       Result = "success"
-	ResultFailed        Result = "failed"
+	ResultSuccess Result = "success"
+	ResultFailed  Result = "failed"
+	// ResultPending: the MIG mode must change but something holds the GPU open; nothing was
+	// changed (or NVML keeps the new mode pending). The service applies it at its next start
+	// with the GPU idle: the next boot, before workloads start, or a restart after the
+	// holders stopped.
+	ResultPending Result = "pending"
+	// ResultPendingReboot: the new mode is pending and only a reboot activates it (a board
+	// that cannot reset one GPU, a pass-through VM). The pending mode is kept.
 	ResultPendingReboot Result = "pending-reboot"
 )
 
@@ -75,6 +83,8 @@ type Status struct {
 	Result  Result `json:"result"`
 	Changed bool   `json:"changed"`
 	Message string `json:"message"`
+	// Holders are the processes that kept the change from happening.
+	Holders []gpu.Holder `json:"holders,omitempty"`
 }
 
 // Applier applies a plan to the GPUs of a node through NVML (already initialized).
@@ -83,38 +93,13 @@ type Applier struct {
 	Persistenced Persistenced
 	Resetter     Resetter
 	OnChange     ChangeHook
+	// BeforeChange runs once per apply, before the first call that changes any GPU: the
+	// service withdraws its readiness signal there, so consumers that wait for it wait.
+	BeforeChange func(ctx context.Context) error
 	Logger       *slog.Logger
-	// ProcRoot is where process names are read from (<ProcRoot>/<pid>/comm),
-	// to say what holds a GPU; default /proc.
+	// ProcRoot is the host's /proc, where the processes that hold a GPU open are found
+	// (/proc/<pid>/fd); default /proc.
 	ProcRoot string
-}
-
-var errPendingReboot = errors.New("pending reboot")
-
-// ReadGPUs reads every GPU of the node.
-func ReadGPUs(lib nvml.Interface) ([]*GPU, error) {
-	n, ret := lib.DeviceGetCount()
-	if ret != nvml.SUCCESS {
-		return nil, fmt.Errorf("count GPUs: %w", ret)
-	}
-
-	gpus := make([]*GPU, 0, n)
-
-	for i := 0; i < n; i++ {
-		dev, ret := lib.DeviceGetHandleByIndex(i)
-		if ret != nvml.SUCCESS {
-			return nil, fmt.Errorf("gpu %d: get handle: %w", i, ret)
-		}
-
-		g, err := ReadGPU(dev)
-		if err != nil {
-			return nil, err
-		}
-
-		gpus = append(gpus, g)
-	}
-
-	return gpus, nil
 }
 
 // Apply plans the layout for every GPU (nothing changes if any GPU cannot
@@ -142,11 +127,32 @@ func (a *Applier) ApplyPlan(ctx context.Context, plan *Plan) []Status {
 	var (
 		statuses []Status
 		changed  []int
+		prepared bool
+		prepErr  error
 	)
 
+	// prepare runs BeforeChange once, before the first mutating call.
+	prepare := func() error {
+		if !prepared {
+			prepared = true
+			if a.BeforeChange != nil {
+				prepErr = a.BeforeChange(ctx)
+			}
+		}
+
+		return prepErr
+	}
+
 	for _, gp := range plan.GPUs {
-		st := a.applyGPU(ctx, plan.Layout, gp)
-		log.Info("mig layout", "gpu", st.Index, "layout", st.Layout, "result", st.Result, "changed", st.Changed, "message", st.Message)
+		st := a.applyGPU(ctx, plan.Layout, gp, prepare)
+
+		level := slog.LevelInfo
+		if st.Result != ResultSuccess {
+			level = slog.LevelWarn
+		}
+
+		log.Log(ctx, level, "mig layout", "gpu", st.Index, "layout", st.Layout, "result", st.Result, "changed", st.Changed,
+			"message", st.Message)
 
 		if st.Changed {
 			changed = append(changed, st.Index)
@@ -179,7 +185,7 @@ func (a *Applier) logger() *slog.Logger {
 	return a.Logger
 }
 
-func (a *Applier) applyGPU(ctx context.Context, layout string, gp GPUPlan) Status {
+func (a *Applier) applyGPU(ctx context.Context, layout string, gp GPUPlan, prepare func() error) Status {
 	g := gp.GPU
 	st := Status{Index: g.Index, UUID: g.UUID, Layout: layout}
 
@@ -190,7 +196,7 @@ func (a *Applier) applyGPU(ctx context.Context, layout string, gp GPUPlan) Statu
 		return st
 	}
 
-	if !g.MigCapable {
+	if !g.MigCapable() {
 		st.Result = ResultSuccess
 		st.Message = "not MIG-capable; nothing to do"
 
@@ -215,20 +221,71 @@ func (a *Applier) applyGPU(ctx context.Context, layout string, gp GPUPlan) Statu
 		return st
 	}
 
+	// Activating another mode unbinds or resets the GPU; setting the current one again (to
+	// cancel a pending change) does not.
+	activate := prev.MigEnabled != gp.Target.MigEnabled
+	destroys := prev.MigEnabled && len(prev.Instances) > 0 && (activate || prev.signature() != gp.Target.signature())
+
+	// Never take a GPU from under anyone. Instances are destroyed only when no compute process
+	// runs on the GPU and, where the mode must change next, nothing holds it open (else the
+	// GPU would be left without them): nothing is touched then. Without instances to destroy,
+	// SetMigMode itself is asked: on a held GPU it sets the new mode pending (nvml.h), so the
+	// next boot activates it.
+	if !destroys {
+		// No instance to lose.
+	} else if holders, err := a.holders(dev, g, activate); err != nil {
+		return failed(st, err)
+	} else if len(holders) > 0 {
+		what := "its instances must change"
+		if activate {
+			what = fmt.Sprintf("its MIG mode must change (%s to %s)", modeWord(prev.MigEnabled), modeWord(gp.Target.MigEnabled))
+		}
+
+		st.Result = ResultPending
+		st.Holders = holders
+		st.Message = fmt.Sprintf("not changed: %s but the GPU is held open by %s; it changes when the service starts with the GPU idle: at the next boot, before workloads start, or on a restart once these have stopped",
+			what, gpu.HolderList(holders))
+
+		return st
+	}
+
+	if err := prepare(); err != nil {
+		return failed(st, fmt.Errorf("before changing the GPU: %w", err))
+	}
+
 	st.Changed = true
 
 	err = a.converge(ctx, g, prev, gp.Target)
-	switch {
-	case err == nil:
+	if err == nil {
 		st.Result = ResultSuccess
 		st.Message = "applied: " + gp.Target.String()
 
 		return st
-	case errors.Is(err, errPendingReboot):
-		// Nothing a workload can see changed: no device nodes or CDI to redo.
-		st.Changed = false
-		st.Result = ResultPendingReboot
+	}
+
+	var held *heldError
+	if errors.As(err, &held) {
+		st.Holders = held.holders
+	}
+
+	if errors.Is(err, errPending) || errors.Is(err, errPendingReboot) {
+		// The new mode stays pending (no rollback of the mode: the next boot or idle start
+		// finishes it). Instances destroyed on the way come back, so the GPU serves as before.
+		st.Result = ResultPending
+		if errors.Is(err, errPendingReboot) {
+			st.Result = ResultPendingReboot
+		}
+
 		st.Message = err.Error()
+		st.Changed = false
+
+		if restored, rerr := a.restoreInstances(g, prev); rerr != nil {
+			st.Message += fmt.Sprintf("; restoring the previous instances failed: %v", rerr)
+			st.Changed = true
+		} else if restored {
+			st.Changed = true
+			st.Message += "; the previous instances were restored until then"
+		}
 
 		return st
 	}
@@ -241,7 +298,7 @@ func (a *Applier) applyGPU(ctx context.Context, layout string, gp GPUPlan) Statu
 
 	st.Result = ResultFailed
 
-	if rerr != nil && !errors.Is(rerr, errPendingReboot) {
+	if rerr != nil && !errors.Is(rerr, errPendingReboot) && !errors.Is(rerr, errPending) {
 		st.Message = fmt.Sprintf("%v; rollback to the previous layout failed too: %v", err, rerr)
 
 		return st
@@ -250,6 +307,14 @@ func (a *Applier) applyGPU(ctx context.Context, layout string, gp GPUPlan) Statu
 	st.Message = fmt.Sprintf("%v; rolled back to the previous layout (%s)", err, prev.String())
 
 	return st
+}
+
+func modeWord(enabled bool) string {
+	if enabled {
+		return "enabled"
+	}
+
+	return "disabled"
 }
 
 func failed(st Status, err error) Status {
@@ -301,29 +366,17 @@ func (a *Applier) converge(ctx context.Context, g *GPU, cur, target State) error
 	}
 
 	want := mode(target.MigEnabled)
-	modeChange := cur.MigEnabled != target.MigEnabled || pending != want
+	activate := cur.MigEnabled != target.MigEnabled
+	rebuild := activate || cur.signature() != target.signature()
 
-	if modeChange {
-		// Never take a GPU from under a workload: a mode change waits for
-		// an idle GPU (the next start, or a reboot).
-		procs, ret := dev.GetComputeRunningProcesses()
-		if ret != nvml.SUCCESS {
-			return fmt.Errorf("gpu %d: list processes: %w", g.Index, ret)
-		}
-
-		if len(procs) > 0 {
-			return fmt.Errorf("%w: gpu %d: MIG mode must change but the GPU is %s; it changes once the GPU is idle at the next start",
-				errPendingReboot, g.Index, a.holders(procs))
-		}
-	}
-
-	if cur.MigEnabled && (modeChange || cur.signature() != target.signature()) {
+	if cur.MigEnabled && rebuild {
 		if err := a.destroyAll(dev, g); err != nil {
 			return err
 		}
 	}
 
-	if modeChange {
+	// A pending mode other than the target is set back too (nothing to activate then).
+	if activate || pending != want {
 		if err := a.setMode(ctx, g, want); err != nil {
 			return err
 		}
@@ -333,189 +386,9 @@ func (a *Applier) converge(ctx context.Context, g *GPU, cur, target State) error
 		}
 	}
 
-	if !target.MigEnabled || (!modeChange && cur.signature() == target.signature()) {
+	if !target.MigEnabled || !rebuild {
 		return nil
 	}
 
 	return a.create(dev, g, target)
-}
-
-func (a *Applier) destroyAll(dev nvml.Device, g *GPU) error {
-	for _, p := range g.Profiles {
-		info := p.Info
-
-		gis, ret := dev.GetGpuInstances(&info)
-		if ret != nvml.SUCCESS {
-			return fmt.Errorf("gpu %d: list GPU instances of %s: %w", g.Index, p.Name, ret)
-		}
-
-		for _, gi := range gis {
-			for _, c := range ciSizes(p.Info.SliceCount) {
-				ciInfo, ret := gi.GetComputeInstanceProfileInfo(ciProfileIndex(c), nvml.COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED)
-				if errors.Is(ret, nvml.ERROR_NOT_SUPPORTED) {
-					continue
-				}
-
-				if ret != nvml.SUCCESS {
-					return fmt.Errorf("gpu %d: compute profile %dc of %s: %w", g.Index, c, p.Name, ret)
-				}
-
-				cis, ret := gi.GetComputeInstances(&ciInfo)
-				if ret != nvml.SUCCESS {
-					return fmt.Errorf("gpu %d: list compute instances of %s: %w", g.Index, p.Name, ret)
-				}
-
-				for _, ci := range cis {
-					if ret := ci.Destroy(); ret != nvml.SUCCESS {
-						return fmt.Errorf("gpu %d: destroy compute instance of %s: %w", g.Index, p.Name, ret)
-					}
-				}
-			}
-
-			if ret := gi.Destroy(); ret != nvml.SUCCESS {
-				return fmt.Errorf("gpu %d: destroy GPU instance %s: %w", g.Index, p.Name, ret)
-			}
-		}
-	}
-
-	return nil
-}
-
-func (a *Applier) create(dev nvml.Device, g *GPU, target State) error {
-	for _, in := range target.Instances {
-		p, ok := g.profileByIndex(in.ProfileIndex)
-		if !ok {
-			return fmt.Errorf("gpu %d: no profile %s", g.Index, in.Profile)
-		}
-
-		info := p.Info
-		pl := in.Placement
-
-		gi, ret := dev.CreateGpuInstanceWithPlacement(&info, &pl)
-		if ret != nvml.SUCCESS {
-			return fmt.Errorf("gpu %d: create GPU instance %s at %d: %w", g.Index, in.Profile, pl.Start, ret)
-		}
-
-		for _, c := range in.ComputeInstances {
-			ciInfo, ret := gi.GetComputeInstanceProfileInfo(ciProfileIndex(c.Slices), nvml.COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED)
-			if ret != nvml.SUCCESS {
-				return fmt.Errorf("gpu %d: compute profile %s: %w", g.Index, c.Profile, ret)
-			}
-
-			cpl := c.Placement
-			if _, ret := gi.CreateComputeInstanceWithPlacement(&ciInfo, &cpl); ret != nvml.SUCCESS {
-				return fmt.Errorf("gpu %d: create compute instance %s at %d: %w", g.Index, c.Profile, cpl.Start, ret)
-			}
-		}
-	}
-
-	return nil
-}
-
-// setMode changes the MIG mode with our nvidia-persistenced suspended, and
-// resets the GPU when the change is only pending and nothing uses the GPU.
-func (a *Applier) setMode(ctx context.Context, g *GPU, want int) (err error) {
-	dev, err := a.device(g)
-	if err != nil {
-		return err
-	}
-
-	procs, ret := dev.GetComputeRunningProcesses()
-	if ret != nvml.SUCCESS {
-		return fmt.Errorf("gpu %d: list processes: %w", g.Index, ret)
-	}
-
-	p := a.Persistenced
-	if p == nil {
-		p = NoPersistenced{}
-	}
-
-	resume, err := p.Suspend(ctx)
-	if err != nil {
-		return fmt.Errorf("gpu %d: suspend nvidia-persistenced: %w", g.Index, err)
-	}
-
-	defer func() {
-		if rerr := resume(ctx); rerr != nil && err == nil {
-			err = fmt.Errorf("gpu %d: resume nvidia-persistenced: %w", g.Index, rerr)
-		}
-	}()
-
-	activation, ret := dev.SetMigMode(want)
-	if errors.Is(ret, nvml.ERROR_IN_USE) || errors.Is(activation, nvml.ERROR_IN_USE) {
-		return fmt.Errorf("gpu %d: set MIG mode: %w: %s", g.Index, nvml.ERROR_IN_USE, a.holders(procs))
-	}
-
-	if ret != nvml.SUCCESS {
-		return fmt.Errorf("gpu %d: set MIG mode: %w", g.Index, ret)
-	}
-
-	if dev, err = a.device(g); err != nil {
-		return err
-	}
-
-	cur, _, ret := dev.GetMigMode()
-	if ret != nvml.SUCCESS {
-		return fmt.Errorf("gpu %d: get MIG mode: %w", g.Index, ret)
-	}
-
-	if cur == want {
-		return nil
-	}
-
-	// The change is pending (Ampere, pass-through): reset, unless in use.
-	if len(procs) > 0 {
-		return fmt.Errorf("%w: gpu %d: MIG mode change pending; %s", errPendingReboot, g.Index, a.holders(procs))
-	}
-
-	if a.Resetter == nil {
-		return fmt.Errorf("%w: gpu %d: MIG mode change pending and no way to reset the GPU", errPendingReboot, g.Index)
-	}
-
-	if err := a.Resetter.ResetGPU(ctx, g.Index); err != nil {
-		return fmt.Errorf("gpu %d: MIG mode change pending, reset failed: %w", g.Index, err)
-	}
-
-	if dev, err = a.device(g); err != nil {
-		return err
-	}
-
-	if cur, _, ret = dev.GetMigMode(); ret != nvml.SUCCESS {
-		return fmt.Errorf("gpu %d: get MIG mode after reset: %w", g.Index, ret)
-	}
-
-	if cur != want {
-		return fmt.Errorf("%w: gpu %d: MIG mode still pending after reset", errPendingReboot, g.Index)
-	}
-
-	return nil
-}
-
-// holders says what uses a GPU, with process names where /proc shows them.
-func (a *Applier) holders(procs []nvml.ProcessInfo) string {
-	if len(procs) == 0 {
-		return "held by another client (nvidia-persistenced, DCGM, a device plugin?)"
-	}
-
-	root := a.ProcRoot
-	if root == "" {
-		root = "/proc"
-	}
-
-	parts := make([]string, 0, len(procs))
-
-	for _, p := range procs {
-		name := ""
-		if b, err := os.ReadFile(filepath.Join(root, fmt.Sprint(p.Pid), "comm")); err == nil {
-			name = strings.TrimSpace(string(b))
-		}
-
-		if name != "" {
-			parts = append(parts, fmt.Sprintf("%d (%s)", p.Pid, name))
-		} else {
-			parts = append(parts, fmt.Sprint(p.Pid))
-		}
-	}
-
-	return "in use by process " + strings.Join(parts, ", ")
 }

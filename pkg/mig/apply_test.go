@@ -6,6 +6,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"path/filepath"
 	"sort"
 	"strings"
 	"testing"
@@ -53,7 +54,7 @@ func newRig(t testing.TB, model string, gpus int) *rig {
 	r := &rig{node: node, pd: &fakePersistenced{node: node, gpus: gpus}}
 	r.pd.hold(1)
 	r.applier = &mig.Applier{
-		NVML: node, Persistenced: r.pd, Resetter: node,
+		NVML: node, Persistenced: r.pd, Resetter: node, ProcRoot: t.TempDir(),
 		OnChange: func(_ context.Context, changed []int) error { r.changes = append(r.changes, changed); return nil },
 	}
 
@@ -62,20 +63,22 @@ func newRig(t testing.TB, model string, gpus int) *rig {
 
 // state reads a GPU's state back through NVML.
 func (r *rig) state(t testing.TB, i int) (mig.State, int) {
+	gpus, err := mig.ReadGPUs(r.node)
+	require.NoError(t, err)
 	dev, ret := r.node.DeviceGetHandleByIndex(i)
 	require.Equal(t, nvml.SUCCESS, ret)
-	g, err := mig.ReadGPU(dev)
-	require.NoError(t, err)
-	st, pending, err := mig.ReadState(dev, g)
+	st, pending, err := mig.ReadState(dev, gpus[i])
 	require.NoError(t, err)
 
 	return st, pending
 }
 
+// loadDefault reads NVIDIA's default layouts with the three that shadow built-in layouts
+// renamed (op-all-disabled, op-all-enabled, op-all-balanced), as a user must.
 func loadDefault(t testing.TB) *mig.Config {
 	data, err := os.ReadFile("testdata/gpu-operator-default-mig-config.yaml")
 	require.NoError(t, err)
-	cfg, err := mig.Parse(data)
+	cfg, err := mig.Parse([]byte(renameShadows(string(data))))
 	require.NoError(t, err)
 
 	return cfg
@@ -87,9 +90,9 @@ func loadDefault(t testing.TB) *mig.Config {
 func TestGPUOperatorDefaultLayouts(t *testing.T) {
 	cfg := loadDefault(t)
 	want := map[string][]string{
-		"a100-40gb": {"all-1g.10gb", "all-1g.5gb", "all-1g.5gb.me", "all-2g.10gb", "all-3g.20gb", "all-4g.20gb", "all-7g.40gb", "all-balanced", "all-disabled", "all-enabled"},
-		"a100-80gb": {"all-1g.10gb", "all-1g.10gb.me", "all-1g.20gb", "all-2g.20gb", "all-3g.40gb", "all-4g.40gb", "all-7g.80gb", "all-balanced", "all-disabled", "all-enabled"},
-		"h100-80gb": {"all-1g.10gb", "all-1g.10gb.me", "all-1g.20gb", "all-2g.20gb", "all-3g.40gb", "all-4g.40gb", "all-7g.80gb", "all-balanced", "all-disabled", "all-enabled"},
+		"a100-40gb": {"all-1g.10gb", "all-1g.5gb", "all-1g.5gb.me", "all-2g.10gb", "all-3g.20gb", "all-4g.20gb", "all-7g.40gb", "op-all-balanced", "op-all-disabled", "op-all-enabled"},
+		"a100-80gb": {"all-1g.10gb", "all-1g.10gb.me", "all-1g.20gb", "all-2g.20gb", "all-3g.40gb", "all-4g.40gb", "all-7g.80gb", "op-all-balanced", "op-all-disabled", "op-all-enabled"},
+		"h100-80gb": {"all-1g.10gb", "all-1g.10gb.me", "all-1g.20gb", "all-2g.20gb", "all-3g.40gb", "all-4g.40gb", "all-7g.80gb", "op-all-balanced", "op-all-disabled", "op-all-enabled"},
 	}
 
 	for model, layouts := range want {
@@ -148,6 +151,10 @@ mig-configs:
       mig-devices: {"1c.3g.40gb": 3, "1g.10gb+me": 1, "2g.20gb": 1}
     - devices: [1]
       mig-enabled: false
+  compute-one:
+    - devices: [0]
+      mig-enabled: true
+      mig-devices: {"1c.3g.40gb": 3, "1g.10gb+me": 1, "2g.20gb": 1}
   filtered:
     - device-filter: "0x233510DE"
       devices: all
@@ -291,7 +298,7 @@ func fitsByBruteForce(profiles []mig.GIProfileInfo, counts []int) bool {
 	return rec(0, 0)
 }
 
-func TestPendingRebootWhenProcessesUseTheGPU(t *testing.T) {
+func TestPendingWhenProcessesUseTheGPU(t *testing.T) {
 	for _, model := range []string{"a100-80gb", "h100-80gb"} {
 		t.Run(model, func(t *testing.T) {
 			r := newRig(t, model, 2)
@@ -300,12 +307,13 @@ func TestPendingRebootWhenProcessesUseTheGPU(t *testing.T) {
 			statuses, err := r.applier.Apply(context.Background(), mig.Builtin(), mig.LayoutAllBalanced)
 			require.NoError(t, err)
 			assert.Equal(t, mig.ResultSuccess, statuses[0].Result, statuses[0].Message)
-			assert.Equal(t, mig.ResultPendingReboot, statuses[1].Result)
-			assert.Contains(t, statuses[1].Message, "in use by process 4242")
-			assert.Equal(t, 0, r.node.Calls(sim.MSetMigMode)-1, "only GPU 0 changed mode")
+			assert.Equal(t, mig.ResultPending, statuses[1].Result)
+			assert.Contains(t, statuses[1].Message, "held open by pid 4242")
+			assert.Equal(t, 2, r.node.Calls(sim.MSetMigMode), "GPU 1's new mode is only set pending")
 
-			st, _ := r.state(t, 1)
-			assert.False(t, st.MigEnabled)
+			st, pending := r.state(t, 1)
+			assert.False(t, st.MigEnabled, "the workload keeps its GPU")
+			assert.Equal(t, nvml.DEVICE_MIG_ENABLE, pending, "the next boot activates it")
 			assert.Equal(t, [][]int{{0}}, r.changes)
 		})
 	}
@@ -319,13 +327,17 @@ func TestAmpereResetsOnlyWithPersistencedSuspended(t *testing.T) {
 	assert.Equal(t, 1, r.node.Calls(sim.MResetGPU))
 	assert.Equal(t, 1, r.node.Clients(0), "persistenced resumed")
 
-	// Without suspension, persistenced holds the GPU: a Hopper mode change is refused.
+	// Without suspension, persistenced holds the GPU (invisible in this /proc): NVML keeps a
+	// Hopper mode change pending (activationStatus IN_USE), and so does the applier.
 	h := newRig(t, "h100-80gb", 1)
 	h.applier.Persistenced = nil
 	statuses, err = h.applier.Apply(context.Background(), mig.Builtin(), mig.LayoutAllMax)
 	require.NoError(t, err)
-	assert.Equal(t, mig.ResultFailed, statuses[0].Result)
-	assert.Contains(t, statuses[0].Message, "ERROR_IN_USE: held by another client")
+	assert.Equal(t, mig.ResultPending, statuses[0].Result)
+	assert.Contains(t, statuses[0].Message, "NVML cannot unbind the GPU, it is in use")
+	st, pending := h.state(t, 0)
+	assert.False(t, st.MigEnabled, "the current mode stays")
+	assert.Equal(t, nvml.DEVICE_MIG_ENABLE, pending, "the pending mode is kept")
 }
 
 // TestFaultMatrix fails each mutating call once, at each point it is made,
@@ -338,8 +350,8 @@ func TestFaultMatrix(t *testing.T) {
 	for _, tc := range []struct{ model, from, to string }{
 		{"a100-80gb", "all-disabled", "all-balanced"},
 		{"a100-80gb", "all-balanced", "all-disabled"},
-		{"h100-80gb", "all-disabled", "compute"},
-		{"h100-80gb", "asymmetric", "compute"},
+		{"h100-80gb", "all-disabled", "compute-one"},
+		{"h100-80gb", "asymmetric", "compute-one"},
 		{"h100-80gb", "all-balanced", "filtered"},
 	} {
 		// A clean run counts the calls each method gets.
@@ -363,6 +375,17 @@ func TestFaultMatrix(t *testing.T) {
 					r.node.InjectFault(sim.Fault{Method: method, GPU: 0, Nth: nth, Ret: nvml.ERROR_UNKNOWN})
 					statuses, err := r.applier.Apply(context.Background(), cfg, tc.to)
 					require.NoError(t, err)
+
+					if method == sim.MResetGPU {
+						// A reset that fails leaves the mode pending for the next boot.
+						assert.Equal(t, mig.ResultPendingReboot, statuses[0].Result)
+						assert.Contains(t, statuses[0].Message, "reboot to finish")
+						_, pending := r.state(t, 0)
+						assert.NotEqual(t, prev.MigEnabled, pending == nvml.DEVICE_MIG_ENABLE, "the pending mode is kept")
+
+						return
+					}
+
 					assert.Equal(t, mig.ResultFailed, statuses[0].Result)
 					assert.Contains(t, statuses[0].Message, "rolled back to the previous layout", statuses[0].Message)
 
@@ -380,4 +403,138 @@ func TestFaultMatrix(t *testing.T) {
 		}
 		require.Greater(t, cases, 0)
 	}
+}
+
+func renameShadows(yaml string) string {
+	for _, name := range []string{"all-disabled", "all-enabled", "all-balanced"} {
+		yaml = strings.ReplaceAll(yaml, "\n  "+name+":", "\n  op-"+name+":")
+	}
+
+	return yaml
+}
+
+// TestBoardsThatCannotResetEndPendingReboot: in pass-through (activationStatus
+// RESET_REQUIRED, no reset) and on an NVSwitch A100 board (no reset of one GPU), the new mode
+// stays pending and is kept: pending-reboot, "reboot to finish". After a reboot the layout
+// completes with instances only, and a GPU already in its layout gets no call.
+func TestBoardsThatCannotResetEndPendingReboot(t *testing.T) {
+	for _, tc := range []struct {
+		name, model string
+		board       sim.Board
+	}{
+		{"pass-through h100", "h100-80gb", sim.Board{PassThrough: true}},
+		{"nvswitch a100", "a100-80gb", sim.Board{NoPerGPUReset: true}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := newRig(t, tc.model, 2)
+			r.node.SetBoard(tc.board)
+
+			statuses, err := r.applier.Apply(context.Background(), mig.Builtin(), mig.LayoutAllMax)
+			require.NoError(t, err)
+
+			for i, st := range statuses {
+				assert.Equal(t, mig.ResultPendingReboot, st.Result, st.Message)
+				assert.Contains(t, st.Message, "reboot to finish")
+				assert.False(t, st.Changed)
+
+				cur, pending := r.state(t, i)
+				assert.False(t, cur.MigEnabled)
+				assert.Equal(t, nvml.DEVICE_MIG_ENABLE, pending, "the pending mode is kept")
+			}
+
+			assert.Empty(t, r.changes, "nothing a workload sees changed")
+			assert.Equal(t, 1, r.node.Clients(0), "persistenced resumed")
+
+			r.node.Reboot()
+			require.Equal(t, nvml.SUCCESS, r.node.Init())
+			r.node.ResetCounters()
+
+			statuses, err = r.applier.Apply(context.Background(), mig.Builtin(), mig.LayoutAllMax)
+			require.NoError(t, err)
+
+			for _, st := range statuses {
+				assert.Equal(t, mig.ResultSuccess, st.Result, st.Message)
+			}
+
+			assert.Zero(t, r.node.Calls(sim.MSetMigMode))
+			assert.Zero(t, r.node.Calls(sim.MResetGPU))
+			assert.Equal(t, 4, r.node.MutatingCalls(), "one GPU and one compute instance per GPU")
+
+			r.node.ResetCounters()
+			_, err = r.applier.Apply(context.Background(), mig.Builtin(), mig.LayoutAllMax)
+			require.NoError(t, err)
+			assert.Zero(t, r.node.MutatingCalls())
+		})
+	}
+}
+
+// TestModeChangeThatMovesMinors: nvml.h allows a mode change to change the GPU's minor
+// number; the applier finds the GPU again by UUID and completes the layout.
+func TestModeChangeThatMovesMinors(t *testing.T) {
+	r := newRig(t, "h200", 2)
+	r.node.SetBoard(sim.Board{MinorsChangeOnReset: true})
+
+	statuses, err := r.applier.Apply(context.Background(), mig.Builtin(), mig.LayoutAllBalanced)
+	require.NoError(t, err)
+
+	for i, st := range statuses {
+		require.Equal(t, mig.ResultSuccess, st.Result, st.Message)
+		got, _ := r.state(t, i)
+		assert.Len(t, got.Instances, 4)
+	}
+
+	gpus, err := mig.ReadGPUs(r.node)
+	require.NoError(t, err)
+	assert.NotEqual(t, 0, gpus[0].Minor, "the minor moved")
+	assert.Equal(t, [][]int{{0, 1}}, r.changes, "device nodes are redone for both")
+}
+
+// TestInstanceChangeWaitsForComputeProcesses: rearranging instances never destroys one a
+// process runs on; the GPU is left alone and the process named.
+func TestInstanceChangeWaitsForComputeProcesses(t *testing.T) {
+	r := newRig(t, "h100-80gb", 1)
+	_, err := r.applier.Apply(context.Background(), mig.Builtin(), mig.LayoutAllBalanced)
+	require.NoError(t, err)
+
+	r.node.SetProcesses(0, nvml.ProcessInfo{Pid: 999, GpuInstanceId: 1, ComputeInstanceId: 0})
+	r.node.ResetCounters()
+
+	statuses, err := r.applier.Apply(context.Background(), mig.Builtin(), mig.LayoutAllMax)
+	require.NoError(t, err)
+	assert.Equal(t, mig.ResultPending, statuses[0].Result)
+	assert.Contains(t, statuses[0].Message, "its instances must change but the GPU is held open by pid 999")
+	assert.Zero(t, r.node.MutatingCalls())
+}
+
+// TestPendingChangeIsCancelledWhileHeld: a GPU in MIG mode with a disable pending (asked for
+// while held) takes a MIG layout without a reset: setting the current mode again needs no
+// unbind, so the monitoring clients that hold it do not matter.
+func TestPendingChangeIsCancelledWhileHeld(t *testing.T) {
+	r := newRig(t, "h100-80gb", 1)
+	_, err := r.applier.Apply(context.Background(), mig.Builtin(), mig.LayoutAllEnabled)
+	require.NoError(t, err)
+
+	r.node.Hold(sim.Holder{PID: 4200, Name: "dcgm-exporter", GPUs: []int{0}})
+	host := t.TempDir()
+	require.NoError(t, sim.WriteProcFS(host, r.node))
+	r.applier.ProcRoot = filepath.Join(host, "proc")
+
+	dev, _ := r.node.DeviceGetHandleByIndex(0)
+	activation, ret := dev.SetMigMode(nvml.DEVICE_MIG_DISABLE)
+	require.Equal(t, nvml.SUCCESS, ret)
+	require.Equal(t, nvml.ERROR_IN_USE, activation)
+
+	statuses, err := r.applier.Apply(context.Background(), mig.Builtin(), mig.LayoutAllMax)
+	require.NoError(t, err)
+	require.Equal(t, mig.ResultSuccess, statuses[0].Result, statuses[0].Message)
+
+	st, pending := r.state(t, 0)
+	assert.Equal(t, "MIG on: 7g.80gb@0[7g.80gb]", st.String())
+	assert.Equal(t, nvml.DEVICE_MIG_ENABLE, pending, "the pending disable is gone")
+
+	// Disabling for real does wait for the holder, named from /proc.
+	statuses, err = r.applier.Apply(context.Background(), mig.Builtin(), mig.LayoutAllDisabled)
+	require.NoError(t, err)
+	assert.Equal(t, mig.ResultPending, statuses[0].Result)
+	assert.Contains(t, statuses[0].Message, "MIG mode must change (enabled to disabled) but the GPU is held open by dcgm-exporter (pid 4200)")
 }

@@ -15,6 +15,8 @@ import (
 
 // Config is a parsed layout file: named layouts, each a list of entries.
 type Config struct {
+	// Source names the file, for messages ("" for the built-in layouts alone).
+	Source  string
 	Layouts map[string][]Entry
 }
 
@@ -24,8 +26,10 @@ type Entry struct {
 	Index  int // position in the layout, for messages
 
 	AllDevices bool
-	Devices    []int    // GPU indices when not AllDevices
-	Filter     []uint32 // PCI device ids (device<<16 | vendor); empty matches any
+	Devices    []int // GPU indices when not AllDevices
+	// DeviceLines are the lines of Devices in the file, for messages.
+	DeviceLines []int
+	Filter      []uint32 // PCI device ids (device<<16 | vendor); empty matches any
 
 	MigEnabled bool
 	// MigDevices maps a profile name (as written) to its count.
@@ -61,15 +65,40 @@ func (c *Config) Select(name string) ([]Entry, error) {
 
 // ValidationError holds every problem found in a file.
 type ValidationError struct {
+	File     string // "" when the data came from no file
 	Problems []string
 }
 
 func (v *ValidationError) Error() string {
-	if len(v.Problems) == 1 {
-		return "invalid MIG config: " + v.Problems[0]
+	what := "invalid MIG config"
+	if v.File != "" {
+		what += " " + v.File
 	}
 
-	return fmt.Sprintf("invalid MIG config (%d problems):\n  - %s", len(v.Problems), strings.Join(v.Problems, "\n  - "))
+	if len(v.Problems) == 1 {
+		return what + ": " + v.Problems[0]
+	}
+
+	return fmt.Sprintf("%s (%d problems):\n  - %s", what, len(v.Problems), strings.Join(v.Problems, "\n  - "))
+}
+
+// ParseFile is Parse for the contents of the file name: errors and later planning messages
+// name it.
+func ParseFile(name string, data []byte) (*Config, error) {
+	cfg, err := Parse(data)
+
+	var verr *ValidationError
+	if errors.As(err, &verr) {
+		verr.File = name
+	}
+
+	if err != nil {
+		return nil, err
+	}
+
+	cfg.Source = name
+
+	return cfg, nil
 }
 
 type parser struct{ problems []string }
@@ -103,8 +132,18 @@ func Parse(data []byte) (*Config, error) {
 
 	var version, configs *yaml.Node
 
+	seenTop := map[string]int{}
+
 	for i := 0; i+1 < len(root.Content); i += 2 {
 		k, v := root.Content[i], root.Content[i+1]
+		if first, dup := seenTop[k.Value]; dup {
+			p.addf("%s: key %q given twice (first on line %d)", line(k), k.Value, first)
+
+			continue
+		}
+
+		seenTop[k.Value] = k.Line
+
 		switch k.Value {
 		case "version":
 			version = v
@@ -140,6 +179,12 @@ func Parse(data []byte) (*Config, error) {
 
 			if _, dup := cfg.Layouts[name]; dup {
 				p.addf("%s: layout %q: defined twice", line(k), name)
+
+				continue
+			}
+
+			if isBuiltin(name) {
+				p.addf("%s: layout %q: shadows the built-in layout of that name; give yours another name", line(k), name)
 
 				continue
 			}
@@ -180,8 +225,18 @@ func (p *parser) layout(name string, n *yaml.Node) []Entry {
 
 		var devices, enabled, migDevices *yaml.Node
 
+		seen := map[string]int{}
+
 		for j := 0; j+1 < len(en.Content); j += 2 {
 			k, v := en.Content[j], en.Content[j+1]
+			if first, dup := seen[k.Value]; dup {
+				p.addf("%s: %s: key %q given twice (first on line %d)", line(k), e.where(), k.Value, first)
+
+				continue
+			}
+
+			seen[k.Value] = k.Line
+
 			switch k.Value {
 			case "devices":
 				devices = v
@@ -199,7 +254,7 @@ func (p *parser) layout(name string, n *yaml.Node) []Entry {
 		if devices == nil {
 			p.addf("%s: %s: required", line(en), at("devices"))
 		} else {
-			e.AllDevices, e.Devices = p.devices(at("devices"), devices)
+			e.AllDevices, e.Devices, e.DeviceLines = p.devices(at("devices"), devices)
 		}
 
 		enabledValid := false
@@ -227,16 +282,16 @@ func (p *parser) layout(name string, n *yaml.Node) []Entry {
 	return entries
 }
 
-func (p *parser) devices(at string, n *yaml.Node) (bool, []int) {
+func (p *parser) devices(at string, n *yaml.Node) (bool, []int, []int) {
 	switch n.Kind {
 	case yaml.ScalarNode:
 		if n.Value == "all" {
-			return true, nil
+			return true, nil, nil
 		}
 
 		p.addf("%s: %s: want \"all\" or a list of GPU indices, got %q", line(n), at, n.Value)
 
-		return false, nil
+		return false, nil, nil
 	case yaml.SequenceNode:
 		if len(n.Content) == 0 {
 			p.addf("%s: %s: empty list", line(n), at)
@@ -244,7 +299,7 @@ func (p *parser) devices(at string, n *yaml.Node) (bool, []int) {
 
 		seen := map[int]bool{}
 
-		var out []int
+		var out, lines []int
 
 		for i, c := range n.Content {
 			v, err := strconv.Atoi(c.Value)
@@ -268,13 +323,14 @@ func (p *parser) devices(at string, n *yaml.Node) (bool, []int) {
 
 			seen[v] = true
 			out = append(out, v)
+			lines = append(lines, c.Line)
 		}
 
-		return false, out
+		return false, out, lines
 	default:
 		p.addf("%s: %s: want \"all\" or a list of GPU indices", line(n), at)
 
-		return false, nil
+		return false, nil, nil
 	}
 }
 

@@ -8,6 +8,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/talos-nvidia/nvidia-driver/pkg/gpu"
 	"github.com/talos-nvidia/nvidia-driver/pkg/mig"
 )
 
@@ -58,10 +59,18 @@ var badConfigs = []struct {
 	{"filter empty", "version: v1\nmig-configs:\n  a:\n    - devices: all\n      device-filter: []\n      mig-enabled: false\n", []string{"line 5: layout \"a\", entry 0, device-filter: empty list"}},
 	{"layout twice", "version: v1\nmig-configs:\n  a:\n    - devices: all\n      mig-enabled: false\n  a:\n    - devices: all\n      mig-enabled: false\n", []string{"line 6: layout \"a\": defined twice"}},
 	{"many problems at once", "version: v1\nmig-configs:\n  good:\n    - devices: all\n      mig-enabled: false\n  bad:\n    - devices: [0]\n      mig-enabled: true\n      mig-devices: {\"1g.10gb\": 1}\n    - devices: nope\n      mig-enabled: maybe\n      mig-devices: {\"2g\": 1, \"3g.40gb\": 9}\n", []string{"line 10: layout \"bad\", entry 1, devices: want \"all\" or a list of GPU indices, got \"nope\"", "line 11: layout \"bad\", entry 1, mig-enabled: must be true or false, got \"maybe\"", "line 12: layout \"bad\", entry 1, mig-devices[\"2g\"]: invalid profile \"2g\": want <g>g.<gb>gb or <c>c.<g>g.<gb>gb, optionally followed by +me, +me.all, +gfx or -me", "line 12: layout \"bad\", entry 1, mig-devices[\"3g.40gb\"]: count 9 out of range 0..7"}},
+	// Duplicate keys anywhere: YAML itself lets the last one win.
+	{"entry key twice", "version: v1\nmig-configs:\n  a:\n    - devices: all\n      mig-enabled: true\n      mig-devices: {\"1g.10gb\": 1}\n      mig-devices: {\"1g.10gb\": 7}\n", []string{"line 7: layout \"a\", entry 0: key \"mig-devices\" given twice (first on line 6)"}},
+	{"devices key twice", "version: v1\nmig-configs:\n  a:\n    - devices: all\n      devices: [0]\n      mig-enabled: false\n", []string{"line 5: layout \"a\", entry 0: key \"devices\" given twice (first on line 4)"}},
+	{"top key twice", "version: v1\nmig-configs:\n  a:\n    - devices: all\n      mig-enabled: false\nversion: v1\n", []string{"line 6: key \"version\" given twice (first on line 1)"}},
+	{"mig-configs twice", "version: v1\nmig-configs:\n  a:\n    - devices: all\n      mig-enabled: false\nmig-configs:\n  b:\n    - devices: all\n      mig-enabled: false\n", []string{"line 6: key \"mig-configs\" given twice (first on line 2)"}},
+	// A user layout may not shadow a built-in one.
+	{"shadows all-disabled", "version: v1\nmig-configs:\n  all-disabled:\n    - devices: all\n      mig-enabled: false\n", []string{"line 3: layout \"all-disabled\": shadows the built-in layout of that name; give yours another name"}},
+	{"shadows all-max", "version: v1\nmig-configs:\n  mine:\n    - devices: all\n      mig-enabled: false\n  all-max:\n    - devices: all\n      mig-enabled: true\n", []string{"line 6: layout \"all-max\": shadows the built-in layout of that name; give yours another name"}},
 }
 
 func TestParseRejectsBadConfigs(t *testing.T) {
-	require.GreaterOrEqual(t, len(badConfigs), 30)
+	require.GreaterOrEqual(t, len(badConfigs), 49, "the 43 earlier cases and the new ones")
 
 	for _, tc := range badConfigs {
 		t.Run(tc.name, func(t *testing.T) {
@@ -80,11 +89,23 @@ func TestParseAcceptsGPUOperatorDefault(t *testing.T) {
 	data, err := os.ReadFile("testdata/gpu-operator-default-mig-config.yaml")
 	require.NoError(t, err)
 
-	cfg, err := mig.Parse(data)
+	// Its all-disabled, all-enabled and all-balanced shadow built-in layouts: rejected, by name
+	// and line, until renamed.
+	_, err = mig.ParseFile("default.yaml", data)
+	var verr *mig.ValidationError
+	require.ErrorAs(t, err, &verr)
+	assert.Equal(t, "default.yaml", verr.File)
+	assert.Equal(t, []string{
+		`line 7: layout "all-disabled": shadows the built-in layout of that name; give yours another name`,
+		`line 11: layout "all-enabled": shadows the built-in layout of that name; give yours another name`,
+		`line 341: layout "all-balanced": shadows the built-in layout of that name; give yours another name`,
+	}, verr.Problems)
+
+	cfg, err := mig.Parse([]byte(renameShadows(string(data))))
 	require.NoError(t, err)
 	assert.Len(t, cfg.Layouts, 68)
-	assert.Len(t, cfg.Layouts["all-balanced"], 10)
-	assert.Equal(t, []uint32{0x20B710DE}, cfg.Layouts["all-balanced"][8].Filter)
+	assert.Len(t, cfg.Layouts["op-all-balanced"], 10)
+	assert.Equal(t, []uint32{0x20B710DE}, cfg.Layouts["op-all-balanced"][8].Filter)
 }
 
 func FuzzParse(f *testing.F) {
@@ -122,4 +143,26 @@ func FuzzParse(f *testing.F) {
 			}
 		}
 	})
+}
+
+// TestErrorsNameTheFile: a file's errors, and the GPU indices it names that the node lacks
+// (found at planning, when the GPU count is known), name the file, line and key.
+func TestErrorsNameTheFile(t *testing.T) {
+	_, err := mig.ParseFile("/etc/nvidia-driver/mig.yaml", []byte("version: v1\nmig-configs:\n  a:\n    - devices: all\n      devices: all\n      mig-enabled: false\n"))
+	require.EqualError(t, err, `invalid MIG config /etc/nvidia-driver/mig.yaml: line 5: layout "a", entry 0: key "devices" given twice (first on line 4)`)
+
+	cfg, err := mig.ParseFile("/etc/nvidia-driver/mig.yaml", []byte("version: v1\nmig-configs:\n  two:\n    - devices: [0, 5]\n      mig-enabled: false\n    - devices:\n        - 1\n        - 7\n      mig-enabled: false\n"))
+	require.NoError(t, err)
+
+	gpus := []*mig.GPU{{GPU: gpu.GPU{Index: 0}}, {GPU: gpu.GPU{Index: 1}}}
+	_, err = mig.PlanLayout(cfg.WithBuiltins(), "two", gpus)
+
+	var verr *mig.ValidationError
+	require.ErrorAs(t, err, &verr)
+	assert.Equal(t, "/etc/nvidia-driver/mig.yaml", verr.File)
+	assert.Equal(t, []string{
+		`line 4: layout "two", entry 0, devices[1]: GPU 5 does not exist: the node has 2 GPU(s), indices 0 to 1`,
+		`line 8: layout "two", entry 1, devices[1]: GPU 7 does not exist: the node has 2 GPU(s), indices 0 to 1`,
+	}, verr.Problems)
+	assert.Contains(t, err.Error(), "invalid MIG config /etc/nvidia-driver/mig.yaml (2 problems)")
 }

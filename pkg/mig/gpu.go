@@ -7,6 +7,9 @@ import (
 	"strings"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
+
+	"github.com/talos-nvidia/nvidia-driver/pkg/gpu"
+	"github.com/talos-nvidia/nvidia-driver/pkg/gpu/models"
 )
 
 // GIProfileInfo is one GPU-instance profile a GPU offers.
@@ -17,15 +20,22 @@ type GIProfileInfo struct {
 	Placements []nvml.GpuInstancePlacement
 }
 
-// GPU is what the planner needs to know about one GPU.
+// GPU is what the planner needs to know about one GPU: the GPU as every job sees it (pkg/gpu),
+// and its MIG profiles.
 type GPU struct {
-	Index       int
-	UUID        string
-	Name        string
-	PciDeviceID uint32
-	MigCapable  bool
-	Profiles    []GIProfileInfo // by NVML index
+	gpu.GPU
+	// Profiles are the GPU-instance profiles, by NVML index: asked of NVML on a node, from
+	// the model's data file offline.
+	Profiles []GIProfileInfo
+	// ComputeProfiles maps a GPU instance's slice count to the compute-instance profiles it
+	// offers. NVML answers this only for a GPU instance that exists, so the planner takes it
+	// from the model's data file (or, for a model without one, from the MIG user guide's
+	// rule); the applier then places compute instances where NVML says they can go.
+	ComputeProfiles map[uint32][]models.CIProfile
 }
+
+// MigCapable says whether the GPU has MIG profiles.
+func (g *GPU) MigCapable() bool { return g.GPU.MigCapable() && len(g.Profiles) > 0 }
 
 func (g *GPU) label() string { return fmt.Sprintf("GPU %d (%s)", g.Index, g.Name) }
 
@@ -71,49 +81,50 @@ func (g *GPU) ProfileNames() []string {
 	return names
 }
 
-// ReadGPU reads a GPU's identity and MIG profile table through NVML.
-func ReadGPU(dev nvml.Device) (*GPU, error) {
-	g := &GPU{}
-
-	var ret nvml.Return
-
-	if g.Index, ret = dev.GetIndex(); ret != nvml.SUCCESS {
-		return nil, fmt.Errorf("get index: %w", ret)
+// ReadGPUs reads every GPU of the node and, through NVML, its MIG profiles and placements.
+// NVML must be initialized.
+func ReadGPUs(lib nvml.Interface) ([]*GPU, error) {
+	list, err := gpu.List(lib)
+	if err != nil {
+		return nil, err
 	}
 
-	if g.UUID, ret = dev.GetUUID(); ret != nvml.SUCCESS {
-		return nil, fmt.Errorf("gpu %d: get uuid: %w", g.Index, ret)
+	gpus := make([]*GPU, 0, len(list))
+	known := models.All()
+
+	for _, base := range list {
+		dev, ret := lib.DeviceGetHandleByIndex(base.Index)
+		if ret != nvml.SUCCESS {
+			return nil, fmt.Errorf("gpu %d: get handle: %w", base.Index, ret)
+		}
+
+		g, err := readProfiles(base, dev, known)
+		if err != nil {
+			return nil, err
+		}
+
+		gpus = append(gpus, g)
 	}
 
-	if g.Name, ret = dev.GetName(); ret != nvml.SUCCESS {
-		return nil, fmt.Errorf("gpu %d: get name: %w", g.Index, ret)
-	}
+	return gpus, nil
+}
 
-	pci, ret := dev.GetPciInfo()
-	if ret != nvml.SUCCESS {
-		return nil, fmt.Errorf("gpu %d: get pci info: %w", g.Index, ret)
-	}
-
-	g.PciDeviceID = pci.PciDeviceId
-
-	_, _, ret = dev.GetMigMode()
-	switch {
-	case errors.Is(ret, nvml.ERROR_NOT_SUPPORTED):
+// readProfiles asks NVML for the GPU-instance profiles and their possible placements.
+func readProfiles(base gpu.GPU, dev nvml.Device, known map[uint32]models.Model) (*GPU, error) {
+	g := &GPU{GPU: base}
+	if !base.MigCapable() {
 		return g, nil
-	case ret != nvml.SUCCESS:
-		return nil, fmt.Errorf("gpu %d: get MIG mode: %w", g.Index, ret)
 	}
 
-	g.MigCapable = true
-
-	mem, ret := dev.GetMemoryInfo()
-	if ret != nvml.SUCCESS {
-		return nil, fmt.Errorf("gpu %d: get memory info: %w", g.Index, ret)
-	}
-
+	// nvml.h, nvmlDeviceGetGpuInstanceProfileInfo: "enumerate all MIG profiles ... starting
+	// from 0, until the API returns NVML_ERROR_INVALID_ARGUMENT"; unsupported ones say so.
 	for idx := 0; idx < nvml.GPU_INSTANCE_PROFILE_COUNT; idx++ {
 		info, ret := dev.GetGpuInstanceProfileInfo(idx)
-		if errors.Is(ret, nvml.ERROR_NOT_SUPPORTED) || errors.Is(ret, nvml.ERROR_INVALID_ARGUMENT) {
+		if errors.Is(ret, nvml.ERROR_INVALID_ARGUMENT) {
+			break
+		}
+
+		if errors.Is(ret, nvml.ERROR_NOT_SUPPORTED) {
 			continue
 		}
 
@@ -127,11 +138,49 @@ func ReadGPU(dev nvml.Device) (*GPU, error) {
 		}
 
 		g.Profiles = append(g.Profiles, GIProfileInfo{
-			Index: idx, Name: giProfileName(idx, info, mem.Total), Info: info, Placements: pls,
+			Index: idx, Name: giProfileName(idx, info, g.MemoryBytes), Info: info, Placements: pls,
 		})
 	}
 
+	g.ComputeProfiles = computeProfiles(g, known)
+
 	return g, nil
+}
+
+// computeProfiles are the compute profiles of a GPU's model data where the model is known
+// (by PCI id), else the MIG user guide's rule.
+func computeProfiles(g *GPU, known map[uint32]models.Model) map[uint32][]models.CIProfile {
+	if m, ok := known[g.PciDeviceID]; ok {
+		return m.ComputeProfiles
+	}
+
+	out := map[uint32][]models.CIProfile{}
+
+	for _, p := range g.Profiles {
+		out[p.Info.SliceCount] = ruleCIProfiles(p.Info.SliceCount)
+	}
+
+	return out
+}
+
+// FromModel returns the GPU with index i of a node of GPUs of one model, as the planner sees
+// it, from the model's data file alone (offline `mig plan`).
+func FromModel(m models.Model, i int) *GPU {
+	g := &GPU{
+		GPU: gpu.GPU{
+			Index: i, UUID: fmt.Sprintf("GPU-%s-%d", m.Key, i), Name: m.Name, Minor: i,
+			MemoryMiB: m.MemoryBytes >> 20, MemoryBytes: m.MemoryBytes, PciDeviceID: m.PciDeviceID, MIG: "disabled",
+		},
+		ComputeProfiles: m.ComputeProfiles,
+	}
+
+	for _, p := range m.Profiles {
+		g.Profiles = append(g.Profiles, GIProfileInfo{Index: p.Index, Name: p.Name, Info: p.Info, Placements: p.Placements})
+	}
+
+	sort.Slice(g.Profiles, func(a, b int) bool { return g.Profiles[a].Index < g.Profiles[b].Index })
+
+	return g
 }
 
 // State is a GPU's MIG configuration: its mode and instances.
@@ -233,16 +282,12 @@ func ReadState(dev nvml.Device, g *GPU) (State, int, error) {
 
 			in := Instance{Profile: p.Name, ProfileIndex: p.Index, Placement: giInfo.Placement}
 
-			for _, c := range ciSizes(p.Info.SliceCount) {
-				ciInfo, ret := gi.GetComputeInstanceProfileInfo(ciProfileIndex(c), nvml.COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED)
-				if errors.Is(ret, nvml.ERROR_NOT_SUPPORTED) {
-					continue
-				}
+			cps, err := computeProfilesOf(gi)
+			if err != nil {
+				return State{}, 0, fmt.Errorf("gpu %d: %s: %w", g.Index, p.Name, err)
+			}
 
-				if ret != nvml.SUCCESS {
-					return State{}, 0, fmt.Errorf("gpu %d: compute profile %dc of %s: %w", g.Index, c, p.Name, ret)
-				}
-
+			for _, ciInfo := range cps {
 				cis, ret := gi.GetComputeInstances(&ciInfo)
 				if ret != nvml.SUCCESS {
 					return State{}, 0, fmt.Errorf("gpu %d: list compute instances of %s: %w", g.Index, p.Name, ret)
@@ -255,7 +300,7 @@ func ReadState(dev nvml.Device, g *GPU) (State, int, error) {
 					}
 
 					in.ComputeInstances = append(in.ComputeInstances, ComputeInstance{
-						Profile: ciName(p.Name, p.Info.SliceCount, c), Slices: c, Placement: cinfo.Placement,
+						Profile: ciName(p.Name, p.Info.SliceCount, ciInfo.SliceCount), Slices: ciInfo.SliceCount, Placement: cinfo.Placement,
 					})
 				}
 			}
@@ -271,4 +316,29 @@ func ReadState(dev nvml.Device, g *GPU) (State, int, error) {
 	sort.Slice(st.Instances, func(i, j int) bool { return st.Instances[i].Placement.Start < st.Instances[j].Placement.Start })
 
 	return st, pending, nil
+}
+
+// computeProfilesOf asks NVML which shared-engine compute profiles a GPU instance offers
+// (nvmlGpuInstanceGetComputeInstanceProfileInfo, by index until INVALID_ARGUMENT).
+func computeProfilesOf(gi nvml.GpuInstance) ([]nvml.ComputeInstanceProfileInfo, error) {
+	var out []nvml.ComputeInstanceProfileInfo
+
+	for idx := 0; idx < nvml.COMPUTE_INSTANCE_PROFILE_COUNT; idx++ {
+		info, ret := gi.GetComputeInstanceProfileInfo(idx, nvml.COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED)
+		if errors.Is(ret, nvml.ERROR_INVALID_ARGUMENT) {
+			break
+		}
+
+		if errors.Is(ret, nvml.ERROR_NOT_SUPPORTED) {
+			continue
+		}
+
+		if ret != nvml.SUCCESS {
+			return nil, fmt.Errorf("compute profile %d: %w", idx, ret)
+		}
+
+		out = append(out, info)
+	}
+
+	return out, nil
 }

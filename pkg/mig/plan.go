@@ -9,7 +9,7 @@ import (
 )
 
 // Built-in generic layouts: valid on any MIG-capable GPU, computed from its
-// own profiles. A file's layout of the same name takes precedence.
+// own profiles. A file may not define a layout of the same name.
 const (
 	LayoutAllDisabled = "all-disabled"
 	LayoutAllEnabled  = "all-enabled"
@@ -21,6 +21,16 @@ const (
 // BuiltinLayouts lists the generic layouts.
 func BuiltinLayouts() []string {
 	return []string{LayoutAllDisabled, LayoutAllEnabled, LayoutAll1g, LayoutAllBalanced, LayoutAllMax}
+}
+
+func isBuiltin(name string) bool {
+	for _, b := range BuiltinLayouts() {
+		if b == name {
+			return true
+		}
+	}
+
+	return false
 }
 
 // Builtin returns a config holding only the generic layouts.
@@ -42,6 +52,7 @@ func Builtin() *Config {
 func (c *Config) WithBuiltins() *Config {
 	out := Builtin()
 	if c != nil {
+		out.Source = c.Source
 		for name, entries := range c.Layouts {
 			out.Layouts[name] = entries
 		}
@@ -81,6 +92,11 @@ func PlanLayout(cfg *Config, layout string, gpus []*GPU) (*Plan, error) {
 
 	plan := &Plan{Layout: layout}
 
+	// Indices past the node's GPUs are a mistake in the file, not GPUs to skip.
+	if problems := cfg.outOfRange(entries, len(gpus)); len(problems) > 0 {
+		return nil, &ValidationError{File: cfg.Source, Problems: problems}
+	}
+
 	var problems []string
 
 	selected := 0
@@ -114,6 +130,28 @@ func PlanLayout(cfg *Config, layout string, gpus []*GPU) (*Plan, error) {
 	}
 
 	return plan, nil
+}
+
+func (c *Config) outOfRange(entries []Entry, count int) []string {
+	var problems []string
+
+	for _, e := range entries {
+		for i, idx := range e.Devices {
+			if idx < count {
+				continue
+			}
+
+			where := ""
+			if i < len(e.DeviceLines) {
+				where = fmt.Sprintf("line %d: ", e.DeviceLines[i])
+			}
+
+			problems = append(problems, fmt.Sprintf("%s%s, devices[%d]: GPU %d does not exist: the node has %d GPU(s), indices 0 to %d",
+				where, e.where(), i, idx, count, count-1))
+		}
+	}
+
+	return problems
 }
 
 func (e Entry) matches(g *GPU) bool {
@@ -165,7 +203,7 @@ func planGPU(entries []Entry, g *GPU) (GPUPlan, error) {
 		return GPUPlan{GPU: g, Selected: true, Target: State{}}, nil
 	}
 
-	if !g.MigCapable || len(g.Profiles) == 0 {
+	if !g.MigCapable() {
 		return GPUPlan{}, fmt.Errorf("%s: %s: this GPU does not support MIG", e.where(), g.label())
 	}
 
@@ -300,19 +338,10 @@ func requests(e Entry, g *GPU) ([]request, error) {
 			continue
 		}
 
-		sizes := ciSizes(gp.Info.SliceCount)
-		okC := false
-
-		for _, c := range sizes {
-			if int(c) == prof.C {
-				okC = true
-			}
-		}
-
-		if !okC {
+		if _, okC := g.ciOffer(gp, uint32(prof.C)); !okC {
 			var offers []string
-			for _, c := range sizes {
-				offers = append(offers, ciName(gp.Name, gp.Info.SliceCount, c))
+			for _, c := range g.ComputeProfiles[gp.Info.SliceCount] {
+				offers = append(offers, ciName(gp.Name, gp.Info.SliceCount, c.SliceCount))
 			}
 
 			problems = append(problems, fmt.Sprintf("mig-devices[%q]: %s: %s offers no %d-slice compute instance; it offers %s",
@@ -344,15 +373,25 @@ func requests(e Entry, g *GPU) ([]request, error) {
 
 	for _, name := range order {
 		gp, _ := g.profileByName(name)
-		reqs = append(reqs, packCIs(gp, partial[name])...)
+		reqs = append(reqs, packCIs(gp, g.plannedStarts(gp), partial[name])...)
 	}
 
 	return reqs, nil
 }
 
+// plannedStarts says where compute instances of each size may start in a GPU instance of
+// profile gp, from the GPU's compute profiles.
+func (g *GPU) plannedStarts(gp GIProfileInfo) func(c uint32) []uint32 {
+	return func(c uint32) []uint32 {
+		p, _ := g.ciOffer(gp, c)
+
+		return p.Starts
+	}
+}
+
 // packCIs puts compute instances into as few GPU instances as first-fit
 // decreasing finds.
-func packCIs(gp GIProfileInfo, sizes []uint32) []request {
+func packCIs(gp GIProfileInfo, starts func(c uint32) []uint32, sizes []uint32) []request {
 	sort.Slice(sizes, func(i, j int) bool { return sizes[i] > sizes[j] })
 
 	var bins []request
@@ -361,7 +400,7 @@ func packCIs(gp GIProfileInfo, sizes []uint32) []request {
 		placed := false
 
 		for i := range bins {
-			if _, ok := placeCIs(gp.Info.SliceCount, append(append([]uint32(nil), bins[i].cis...), c)); ok {
+			if _, ok := placeCIs(gp.Info.SliceCount, starts, append(append([]uint32(nil), bins[i].cis...), c)); ok {
 				bins[i].cis = append(bins[i].cis, c)
 				placed = true
 
@@ -378,8 +417,8 @@ func packCIs(gp GIProfileInfo, sizes []uint32) []request {
 }
 
 // placeCIs finds placements for compute instances (sizes, largest first) in a
-// GPU instance of g slices by exhaustive search.
-func placeCIs(g uint32, sizes []uint32) ([]nvml.ComputeInstancePlacement, bool) {
+// GPU instance of g slices by exhaustive search; starts says where each size may start.
+func placeCIs(g uint32, starts func(c uint32) []uint32, sizes []uint32) ([]nvml.ComputeInstancePlacement, bool) {
 	out := make([]nvml.ComputeInstancePlacement, len(sizes))
 	used := make([]bool, g)
 
@@ -391,7 +430,11 @@ func placeCIs(g uint32, sizes []uint32) ([]nvml.ComputeInstancePlacement, bool) 
 
 		c := sizes[i]
 	starts:
-		for _, s := range ciPlacementStarts(g, c) {
+		for _, s := range starts(c) {
+			if s+c > g {
+				continue
+			}
+
 			for k := s; k < s+c; k++ {
 				if used[k] {
 					continue starts
@@ -487,7 +530,7 @@ func solve(g *GPU, reqs []request) (State, error) {
 	st := State{MigEnabled: true}
 
 	for i, r := range reqs {
-		cps, ok := placeCIs(r.profile.Info.SliceCount, r.cis)
+		cps, ok := placeCIs(r.profile.Info.SliceCount, g.plannedStarts(r.profile), r.cis)
 		if !ok {
 			return State{}, fmt.Errorf("compute instances %v do not fit in %s", r.cis, r.profile.Name)
 		}

@@ -7,6 +7,8 @@ import (
 	"strconv"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
+
+	"github.com/talos-nvidia/nvidia-driver/pkg/gpu/models"
 )
 
 // Profile is a parsed MIG profile name: [<c>c.]<g>g.<gb>gb[attribute].
@@ -95,44 +97,34 @@ func profileAttr(index int) string {
 	return ""
 }
 
-// ciSizes are the compute-instance sizes a GPU instance of g slices offers
-// (NVIDIA MIG user guide, "CI profiles"), with how many fit.
-func ciSizes(g uint32) []uint32 {
-	switch g {
-	case 1:
-		return []uint32{1}
-	case 2:
-		return []uint32{1, 2}
-	case 3:
-		return []uint32{1, 2, 3}
-	case 4:
-		return []uint32{1, 2, 4}
-	case 7:
-		return []uint32{1, 2, 3, 4, 7}
-	case 8:
-		return []uint32{1, 2, 4, 8}
-	case 6:
-		return []uint32{1, 2, 3, 6}
-	}
+// ruleCIProfiles are the compute profiles of a GPU instance of g slices for a GPU model
+// without a data file: the sizes the NVIDIA MIG user guide lists per GPU-instance size
+// ("Supported MIG Profiles"), instance k of a c-slice profile at k*c, except that the 3-slice
+// profile of a 7-slice GPU instance sits at 0 or 4 like GPU instances do. The applier still
+// places compute instances where NVML says they can go.
+func ruleCIProfiles(g uint32) []models.CIProfile {
+	sizes := map[uint32][]uint32{1: {1}, 2: {1, 2}, 3: {1, 2, 3}, 4: {1, 2, 4}, 6: {1, 2, 3, 6}, 7: {1, 2, 3, 4, 7}, 8: {1, 2, 4, 8}}[g]
 
-	return nil
-}
+	out := make([]models.CIProfile, 0, len(sizes))
 
-// ciPlacementStarts: k*c for each instance, except that a 3-slice compute
-// instance in a 7-slice GPU instance sits at 0 or 4, like its GPU instance.
-func ciPlacementStarts(g, c uint32) []uint32 {
-	if g == 7 && c == 3 {
-		return []uint32{0, 4}
-	}
+	for _, c := range sizes {
+		var starts []uint32
 
-	var out []uint32
-	for k := uint32(0); (k+1)*c <= g; k++ {
-		out = append(out, k*c)
+		if g == 7 && c == 3 {
+			starts = []uint32{0, 4}
+		} else {
+			for k := uint32(0); (k+1)*c <= g; k++ {
+				starts = append(starts, k*c)
+			}
+		}
+
+		out = append(out, models.CIProfile{Index: ciProfileIndex(c), SliceCount: c, InstanceCount: uint32(len(starts)), Starts: starts})
 	}
 
 	return out
 }
 
+// ciProfileIndex is the NVML index of the shared-engine compute profile of c slices.
 func ciProfileIndex(c uint32) int {
 	switch c {
 	case 1:
@@ -152,4 +144,15 @@ func ciProfileIndex(c uint32) int {
 	}
 
 	return -1
+}
+
+// ciOffer returns the compute profile of c slices that a GPU instance of profile gp offers.
+func (g *GPU) ciOffer(gp GIProfileInfo, c uint32) (models.CIProfile, bool) {
+	for _, p := range g.ComputeProfiles[gp.Info.SliceCount] {
+		if p.SliceCount == c {
+			return p, true
+		}
+	}
+
+	return models.CIProfile{}, false
 }

@@ -177,7 +177,7 @@ func SanitizeValue(s string) string {
 }
 
 // MIGLabels gives the node's GPU labels: the MIG layout's name and its state
-// (success, failed, pending-reboot) and the GPU product. Empty inputs are left out.
+// (success, failed, pending, pending-reboot) and the GPU product. Empty inputs are left out.
 func MIGLabels(layout, state, product string) map[string]string {
 	labels := map[string]string{}
 	if v := SanitizeValue(layout); v != "" {

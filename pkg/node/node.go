@@ -41,9 +41,12 @@ type Runner struct {
 	// refreshProc rewrites a simulated node's /proc after a MIG change (the demo); nil on a
 	// node, where the driver keeps /proc current.
 	refreshProc func() error
+	// resetter resets one GPU for a MIG mode change that NVML leaves pending.
+	resetter mig.Resetter
 	// persistenced is our nvidia-persistenced supervisor once started, else nil.
 	persistenced *daemons.Supervisor
 	daemonsDone  chan struct{}
+	fabric       fabricJob // the NVSwitch job (fabric.go)
 }
 
 // Option changes a Runner.
@@ -58,15 +61,20 @@ func WithSimulatedProc(refresh func() error) Option {
 	return func(r *Runner) { r.refreshProc = refresh }
 }
 
+// WithResetter replaces the GPU reset (nvidia-smi -r from the subroot), as a simulated node
+// needs.
+func WithResetter(rs mig.Resetter) Option { return func(r *Runner) { r.resetter = rs } }
+
 // New returns a runner. lib is NVML: loaded from the subroot on a node, simulated in the
 // demo and tests.
 func New(log *slog.Logger, cfg config.Config, lib nvml.Interface, opts ...Option) *Runner {
 	r := &Runner{
-		log:    log,
-		cfg:    cfg,
-		nvml:   lib,
-		wait:   Backoff{Initial: time.Second, Max: 30 * time.Second},
-		status: &statusFile{path: cfg.StatusFile(), cur: Status{Subroot: cfg.Subroot}},
+		log:      log,
+		cfg:      cfg,
+		nvml:     lib,
+		wait:     Backoff{Initial: time.Second, Max: 30 * time.Second},
+		status:   &statusFile{path: cfg.StatusFile(), cur: Status{Subroot: cfg.Subroot}},
+		resetter: mig.NvidiaSMIResetter{Root: cfg.Subroot},
 	}
 
 	for _, o := range opts {
@@ -86,6 +94,7 @@ func (r *Runner) Status() Status { return r.status.get() }
 func (r *Runner) Run(ctx context.Context) error {
 	defer r.report(PhaseStopped, "service stopped; the driver root stays mounted for running containers")
 	defer r.stopDaemons()
+	defer r.stopFabric()
 
 	if err := r.bringUp(ctx); err != nil {
 		if ctx.Err() != nil {
@@ -169,6 +178,12 @@ func (r *Runner) bringUp(ctx context.Context) error {
 
 	r.status.update(func(s *Status) { s.DeviceNodes = len(nodes.Nodes) }) //nolint:errcheck
 
+	// The driver root's dev/ shows the host's /dev, as a driver container's root does: the
+	// device plugin, DRA driver and GPU Operator validator look for device nodes there.
+	if _, err := driverroot.BindDev(r.log, r.cfg.Host("/dev"), mount); err != nil {
+		return fmt.Errorf("binding the host's /dev under the driver root: %w", err)
+	}
+
 	var gpus []gpu.GPU
 
 	err = r.waitFor(ctx, "a GPU that NVML can see", func() error {
@@ -183,9 +198,23 @@ func (r *Runner) bringUp(ctx context.Context) error {
 	r.status.update(func(s *Status) { s.GPUs = gpus }) //nolint:errcheck
 
 	if r.cfg.MIGLayout != "" {
-		// A GPU that failed half-way was rolled back to its previous layout; the next try
-		// may succeed (a process let go of the GPU). A layout that does not fit never will.
-		err := r.waitFor(ctx, fmt.Sprintf("MIG layout %q", r.cfg.MIGLayout), func() error { return r.applyMIG(ctx) })
+		// A GPU that failed half-way was rolled back to its previous layout; a few more tries
+		// may succeed, then the node comes up with it as it is. A GPU held open is pending and
+		// not retried; a layout that does not fit fails at once.
+		attempts := 0
+
+		err := r.waitFor(ctx, fmt.Sprintf("MIG layout %q", r.cfg.MIGLayout), func() error {
+			attempts++
+
+			err := r.applyMIG(ctx)
+			if err != nil && attempts >= maxMIGAttempts {
+				r.log.Error("MIG layout not applied; the node comes up with the GPUs as they are", "layout", r.cfg.MIGLayout, "attempts", attempts, "error", err)
+
+				return nil
+			}
+
+			return err
+		})
 		if err != nil {
 			return err
 		}
@@ -199,6 +228,7 @@ func (r *Runner) bringUp(ctx context.Context) error {
 	}
 
 	r.startPersistenced(ctx)
+	r.bringUpFabric(ctx)
 
 	if r.cfg.CDI {
 		// nvcdi looks under the driver root for the libraries and the persistenced socket:
@@ -234,10 +264,11 @@ func (r *Runner) bringUp(ctx context.Context) error {
 
 	msg := fmt.Sprintf("node ready: %d GPU(s), driver %s", len(gpus), report.DriverVersion)
 	if state := migState(r.status.get().MIG); state != "" {
-		msg += fmt.Sprintf(", MIG layout %q: %s", r.cfg.MIGLayout, state)
+		msg += fmt.Sprintf(", MIG layout %q: %s%s", r.cfg.MIGLayout, state, migDetail(r.status.get().MIG))
 	}
 
-	r.report(PhaseReady, msg)
+	r.report(r.fabricPhase(PhaseReady, msg))
+	r.watchFabric(ctx)
 
 	return nil
 }
@@ -319,7 +350,7 @@ func (r *Runner) report(phase, msg string) {
 	switch phase {
 	case PhaseFailed:
 		level = slog.LevelError
-	case PhaseWaiting:
+	case PhaseWaiting, PhaseDegraded:
 		level = slog.LevelWarn
 	}
 
@@ -330,8 +361,15 @@ func (r *Runner) report(phase, msg string) {
 	}
 }
 
+// maxMIGAttempts bounds the tries of a layout that failed half-way.
+const maxMIGAttempts = 3
+
 // applyMIG applies the configured layout. Our nvidia-persistenced is not running yet (it
-// starts after MIG, as DESIGN's order says), so there is nothing of ours to suspend.
+// starts after MIG, as DESIGN's order says), so there is nothing of ours to suspend. Before
+// the first call that changes a GPU the readiness files go: consumers that wait for them
+// (the device plugin's and DCGM exporter's init containers) wait, and a stale file from the
+// previous run cannot let them grab the GPUs again. GPUs the change does not touch keep
+// their device nodes and CDI devices throughout.
 func (r *Runner) applyMIG(ctx context.Context) error {
 	cfg, err := r.migConfig()
 	if err != nil {
@@ -346,9 +384,18 @@ func (r *Runner) applyMIG(ctx context.Context) error {
 	applier := &mig.Applier{
 		NVML:         r.nvml,
 		Persistenced: mig.NoPersistenced{},
-		Resetter:     mig.NvidiaSMIResetter{Root: r.cfg.Subroot},
+		Resetter:     r.resetter,
 		Logger:       r.log,
-		ProcRoot:     r.cfg.Host("/proc"),
+		ProcRoot:     r.hostProc(),
+		BeforeChange: func(context.Context) error {
+			if err := driverroot.MarkNotReady(r.cfg.ValidationsDir()); err != nil {
+				return err
+			}
+
+			r.report(PhaseStarting, fmt.Sprintf("changing the GPUs to MIG layout %q; readiness withdrawn meanwhile", r.cfg.MIGLayout))
+
+			return nil
+		},
 		OnChange: func(context.Context, []int) error {
 			if r.refreshProc != nil {
 				if err := r.refreshProc(); err != nil {
@@ -376,7 +423,8 @@ func (r *Runner) applyMIG(ctx context.Context) error {
 	var failed []string
 
 	for _, res := range results {
-		// pending-reboot leaves the GPU usable as it is: the node comes up and says so.
+		// pending and pending-reboot leave the GPU usable as it is: the node comes up and says
+		// so; trying again now cannot help.
 		if res.Result == mig.ResultFailed {
 			failed = append(failed, fmt.Sprintf("GPU %d: %s", res.Index, res.Message))
 		}
@@ -400,9 +448,9 @@ func (r *Runner) migConfig() (*mig.Config, error) {
 		return nil, fmt.Errorf("reading the MIG layouts: %w", err)
 	}
 
-	cfg, err := mig.Parse(data)
+	cfg, err := mig.ParseFile(r.cfg.MIGConfig, data)
 	if err != nil {
-		return nil, fmt.Errorf("%s: %w", r.cfg.MIGConfig, err)
+		return nil, err
 	}
 
 	return cfg.WithBuiltins(), nil
@@ -471,6 +519,7 @@ type readinessSummary struct {
 	MIGLayout     string         `json:"migLayout,omitempty"`
 	MIG           []readinessMIG `json:"mig,omitempty"`
 	CDISpec       string         `json:"cdiSpec,omitempty"`
+	Fabric        string         `json:"fabric,omitempty"`
 }
 
 type readinessGPU struct {
@@ -488,6 +537,9 @@ type readinessMIG struct {
 func (r *Runner) readiness() readinessSummary {
 	st := r.status.get()
 	sum := readinessSummary{DriverVersion: st.DriverVersion, MIGLayout: r.cfg.MIGLayout, CDISpec: st.CDISpec}
+	if st.Fabric != nil {
+		sum.Fabric = st.Fabric.State
+	}
 
 	for _, g := range st.GPUs {
 		sum.GPUs = append(sum.GPUs, readinessGPU{Index: g.Index, UUID: g.UUID, Name: g.Name, MIG: g.MIG})
@@ -500,23 +552,62 @@ func (r *Runner) readiness() readinessSummary {
 	return sum
 }
 
+// hostProc is where the host's processes show: the host's /proc mounted at /host/proc (the
+// service's own /proc shows only its PID namespace), else /proc.
+func (r *Runner) hostProc() string {
+	if p := r.cfg.Host("/host/proc"); dirExists(p) {
+		return p
+	}
+
+	return r.cfg.Host("/proc")
+}
+
+func dirExists(p string) bool {
+	st, err := os.Stat(p)
+
+	return err == nil && st.IsDir()
+}
+
 // migState sums up the GPUs' MIG results for the node label: failed wins over
-// pending-reboot, which wins over success; "" when no layout was applied.
+// pending-reboot, then pending, then success; "" when no layout was applied.
 func migState(results []mig.Status) string {
-	state := ""
+	rank := map[mig.Result]int{mig.ResultSuccess: 1, mig.ResultPending: 2, mig.ResultPendingReboot: 3, mig.ResultFailed: 4}
+	state := mig.Result("")
 
 	for _, res := range results {
-		switch {
-		case res.Result == mig.ResultFailed:
-			return string(mig.ResultFailed)
-		case res.Result == mig.ResultPendingReboot:
-			state = string(mig.ResultPendingReboot)
-		case state == "":
-			state = string(mig.ResultSuccess)
+		if rank[res.Result] > rank[state] {
+			state = res.Result
 		}
 	}
 
-	return state
+	return string(state)
+}
+
+// migDetail names the GPUs that are not in the layout and what finishes them.
+func migDetail(results []mig.Status) string {
+	var parts []string
+
+	for _, res := range results {
+		switch res.Result {
+		case mig.ResultPendingReboot:
+			parts = append(parts, fmt.Sprintf("GPU %d pending-reboot: reboot to finish", res.Index))
+		case mig.ResultPending:
+			who := "a client the service cannot see"
+			if len(res.Holders) > 0 {
+				who = gpu.HolderList(res.Holders)
+			}
+
+			parts = append(parts, fmt.Sprintf("GPU %d pending: held open by %s", res.Index, who))
+		case mig.ResultFailed:
+			parts = append(parts, fmt.Sprintf("GPU %d failed: %s", res.Index, res.Message))
+		}
+	}
+
+	if len(parts) == 0 {
+		return ""
+	}
+
+	return " (" + strings.Join(parts, "; ") + ")"
 }
 
 // labelNode writes the Node Feature Discovery feature file, when configured: the MIG

@@ -17,6 +17,7 @@ const (
 	PhaseWaiting  = "waiting" // for something outside the service: the kernel driver, a GPU
 	PhaseFailed   = "failed"  // needs a person: the message says what
 	PhaseReady    = "ready"
+	PhaseDegraded = "degraded" // up and serving its GPUs, without something the message names
 	PhaseStopped  = "stopped"
 )
 
@@ -32,6 +33,7 @@ type Status struct {
 	DeviceNodes   int          `json:"deviceNodes,omitempty"`
 	MIG           []mig.Status `json:"mig,omitempty"`
 	Persistenced  string       `json:"persistenced,omitempty"`
+	Fabric        *Fabric      `json:"fabric,omitempty"`
 	CDISpec       string       `json:"cdiSpec,omitempty"`
 }
 

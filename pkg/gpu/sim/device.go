@@ -2,10 +2,11 @@ package sim
 
 import (
 	"fmt"
-	"math"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 	"github.com/NVIDIA/go-nvml/pkg/nvml/mock"
+
+	"github.com/talos-nvidia/nvidia-driver/pkg/gpu/models"
 )
 
 // Device is a handle to a whole simulated GPU. A handle taken before a reset
@@ -159,8 +160,15 @@ func (d *Device) GetAddressingMode() (nvml.DeviceAddressingMode, nvml.Return) {
 	return nvml.DeviceAddressingMode{}, nvml.ERROR_NOT_SUPPORTED
 }
 
+// GetGpuFabricInfo reports the GPU's registration with an NVSwitch fabric (see Fabric), or
+// ERROR_NOT_SUPPORTED on a node without one, as NVML does for a GPU that has no fabric.
 func (d *Device) GetGpuFabricInfo() (nvml.GpuFabricInfo, nvml.Return) {
-	return nvml.GpuFabricInfo{}, nvml.ERROR_NOT_SUPPORTED
+	defer d.end()
+	if ret := d.begin("GetGpuFabricInfo"); ret != nvml.SUCCESS {
+		return nvml.GpuFabricInfo{}, ret
+	}
+
+	return d.n.fabricInfo()
 }
 
 func (d *Device) GetComputeRunningProcesses() ([]nvml.ProcessInfo, nvml.Return) {
@@ -172,6 +180,9 @@ func (d *Device) GetComputeRunningProcesses() ([]nvml.ProcessInfo, nvml.Return) 
 	return append([]nvml.ProcessInfo(nil), d.g.processes...), nvml.SUCCESS
 }
 
+// GetMigMode returns the current and the pending mode: nvml.h (nvmlDeviceGetMigMode) says the
+// pending one "refers to the target mode following the next activation trigger" (a reset, a
+// reboot), and it survives a reboot; see Reboot.
 func (d *Device) GetMigMode() (int, int, nvml.Return) {
 	defer d.end()
 	if ret := d.begin("GetMigMode"); ret != nvml.SUCCESS {
@@ -181,10 +192,13 @@ func (d *Device) GetMigMode() (int, int, nvml.Return) {
 	return d.g.mode, d.g.pending, nvml.SUCCESS
 }
 
-// SetMigMode follows NVML: on a GPU whose mode change needs a reset (Ampere,
-// pass-through) the new mode is pending and the activation status is
-// ERROR_RESET_REQUIRED; elsewhere an idle GPU is reset at once (its handles
-// go stale) and a held one refuses with ERROR_IN_USE.
+// SetMigMode follows nvml.h (go-nvml v0.13.4-1 gen/nvml/nvml.h, nvmlDeviceSetMigMode): the
+// requested mode becomes the pending one at once (what nvmlDeviceGetMigMode reports as
+// pendingMode); activating it may reset the device, so handles go stale and minors may
+// change. activationStatus is ERROR_RESET_REQUIRED where this call does not reset (Ampere;
+// pass-through, where a VM reboot is needed) and ERROR_IN_USE where unbinding fails because
+// the device is not idle (a client holds it open): "the caller is expected to idle the
+// device and retry". In both cases the current mode stays and the call itself succeeds.
 func (d *Device) SetMigMode(mode int) (nvml.Return, nvml.Return) {
 	defer d.end()
 	if ret := d.begin("SetMigMode"); ret != nvml.SUCCESS {
@@ -196,24 +210,22 @@ func (d *Device) SetMigMode(mode int) (nvml.Return, nvml.Return) {
 	}
 
 	if len(d.g.gis) > 0 {
-		return nvml.ERROR_IN_USE, nvml.ERROR_IN_USE
-	}
-
-	if d.g.model.ModeChangeNeedsReset {
-		d.g.pending = mode
-		if d.g.mode == mode {
-			return nvml.SUCCESS, nvml.SUCCESS
-		}
-
-		return nvml.ERROR_RESET_REQUIRED, nvml.SUCCESS
-	}
-
-	if len(d.g.processes) > 0 || d.g.clients > 0 {
+		// GPU instances must be destroyed first (mig-parted does so before any mode change).
 		return nvml.ERROR_IN_USE, nvml.ERROR_IN_USE
 	}
 
 	d.g.pending = mode
-	d.g.reset()
+
+	switch {
+	case d.g.mode == mode:
+		return nvml.SUCCESS, nvml.SUCCESS
+	case d.n.passThrough || d.g.model.ModeChangeNeedsReset:
+		return nvml.ERROR_RESET_REQUIRED, nvml.SUCCESS
+	case d.n.held(d.g):
+		return nvml.ERROR_IN_USE, nvml.SUCCESS
+	}
+
+	d.n.resetLocked(d.g)
 
 	return nvml.SUCCESS, nvml.SUCCESS
 }
@@ -246,7 +258,7 @@ func (d *Device) GetGpuInstancePossiblePlacements(info *nvml.GpuInstanceProfileI
 		return nil, nvml.ERROR_INVALID_ARGUMENT
 	}
 
-	p, ok := d.g.model.profileByID(info.Id)
+	p, ok := profileByID(&d.g.model, info.Id)
 	if !ok {
 		return nil, nvml.ERROR_INVALID_ARGUMENT
 	}
@@ -299,7 +311,7 @@ func (d *Device) GetGpuInstanceRemainingCapacity(info *nvml.GpuInstanceProfileIn
 		return 0, nvml.ERROR_NOT_SUPPORTED
 	}
 
-	p, ok := d.g.model.profileByID(info.Id)
+	p, ok := profileByID(&d.g.model, info.Id)
 	if !ok {
 		return 0, nvml.ERROR_INVALID_ARGUMENT
 	}
@@ -342,7 +354,7 @@ func (d *Device) CreateGpuInstance(info *nvml.GpuInstanceProfileInfo) (nvml.GpuI
 		return nil, nvml.ERROR_NOT_SUPPORTED
 	}
 
-	p, ok := d.g.model.profileByID(info.Id)
+	p, ok := profileByID(&d.g.model, info.Id)
 	if !ok {
 		return nil, nvml.ERROR_INVALID_ARGUMENT
 	}
@@ -366,7 +378,7 @@ func (d *Device) CreateGpuInstanceWithPlacement(info *nvml.GpuInstanceProfileInf
 		return nil, nvml.ERROR_NOT_SUPPORTED
 	}
 
-	p, ok := d.g.model.profileByID(info.Id)
+	p, ok := profileByID(&d.g.model, info.Id)
 	if !ok || pl == nil {
 		return nil, nvml.ERROR_INVALID_ARGUMENT
 	}
@@ -526,7 +538,7 @@ func (m *MigDevice) GetName() (string, nvml.Return) {
 		return "", ret
 	}
 
-	return m.parent.g.model.Name + " MIG " + profileName(m.parent.g.model, gs.profile, cs.size), nvml.SUCCESS
+	return m.parent.g.model.Name + " MIG " + profileName(gs.profile, cs.size), nvml.SUCCESS
 }
 
 func (m *MigDevice) GetMemoryInfo() (nvml.Memory, nvml.Return) {
@@ -577,25 +589,15 @@ func (m *MigDevice) GetCudaComputeCapability() (int, int, nvml.Return) {
 
 func (m *MigDevice) GetBrand() (nvml.BrandType, nvml.Return) { return nvml.BRAND_NVIDIA, nvml.SUCCESS }
 
-// profileName names a profile like nvidia-smi does (same rounding as
-// go-nvlib: the fraction of memory rounded up to eighths, times total GB).
-func profileName(m ModelSpec, p GIProfile, ciSize uint32) string {
-	const gib = 1024 * 1024 * 1024
-
-	frac := float64(p.Info.MemorySizeMB*mib) / float64(m.MemoryBytes)
-	frac = math.Ceil(frac*8) / 8
-	gb := uint64(math.Round(frac * float64((m.MemoryBytes+gib-1)/gib)))
-
-	name := fmt.Sprintf("%dg.%dgb", p.Info.SliceCount, gb)
+// profileName is the name of a compute instance of ciSize slices in a GPU instance of
+// profile p, as nvidia-smi prints it: the data file's GPU-instance name, with <c>c. in front
+// where the compute instance is smaller.
+func profileName(p GIProfile, ciSize uint32) string {
 	if ciSize != p.Info.SliceCount {
-		name = fmt.Sprintf("%dc.%s", ciSize, name)
+		return fmt.Sprintf("%dc.%s", ciSize, p.Name)
 	}
 
-	if p.Index == nvml.GPU_INSTANCE_PROFILE_1_SLICE_REV1 || p.Index == nvml.GPU_INSTANCE_PROFILE_2_SLICE_REV1 {
-		name += "+me"
-	}
-
-	return name
+	return p.Name
 }
 
 // GpuInstance is a handle to a simulated GPU instance.
@@ -650,20 +652,26 @@ func (gi *GpuInstance) Destroy() nvml.Return {
 	return nvml.SUCCESS
 }
 
-func (gi *GpuInstance) ciProfile(s *giState, size uint32) (nvml.ComputeInstanceProfileInfo, bool) {
-	for _, c := range ciSizes(s.profile.Info.SliceCount) {
-		if c == size {
-			return nvml.ComputeInstanceProfileInfo{
-				Id: uint32(ciIndexForSize(size)), SliceCount: size, InstanceCount: s.profile.Info.SliceCount / size,
-				MultiprocessorCount:   s.profile.Info.MultiprocessorCount * size / s.profile.Info.SliceCount,
-				SharedCopyEngineCount: s.profile.Info.CopyEngineCount, SharedDecoderCount: s.profile.Info.DecoderCount,
-				SharedEncoderCount: s.profile.Info.EncoderCount, SharedJpegCount: s.profile.Info.JpegCount,
-				SharedOfaCount: s.profile.Info.OfaCount,
-			}, true
-		}
+// ciInfo is what GetComputeInstanceProfileInfo returns for a compute profile of the model's
+// data in this GPU instance; engines are shared with the GPU instance.
+func ciInfo(s *giState, c models.CIProfile) nvml.ComputeInstanceProfileInfo {
+	p := s.profile.Info
+
+	return nvml.ComputeInstanceProfileInfo{
+		Id: uint32(c.Index), SliceCount: c.SliceCount, InstanceCount: c.InstanceCount,
+		MultiprocessorCount:   p.MultiprocessorCount * c.SliceCount / p.SliceCount,
+		SharedCopyEngineCount: p.CopyEngineCount, SharedDecoderCount: p.DecoderCount,
+		SharedEncoderCount: p.EncoderCount, SharedJpegCount: p.JpegCount, SharedOfaCount: p.OfaCount,
+	}
+}
+
+// ciProfile finds the compute profile a caller passes back (by its id, as NVML does).
+func (gi *GpuInstance) ciProfile(s *giState, info *nvml.ComputeInstanceProfileInfo) (models.CIProfile, bool) {
+	if info == nil {
+		return models.CIProfile{}, false
 	}
 
-	return nvml.ComputeInstanceProfileInfo{}, false
+	return ciProfile(&gi.d.g.model, s.profile.Info.SliceCount, int(info.Id))
 }
 
 func (gi *GpuInstance) GetComputeInstanceProfileInfo(profile, eng int) (nvml.ComputeInstanceProfileInfo, nvml.Return) {
@@ -678,25 +686,19 @@ func (gi *GpuInstance) GetComputeInstanceProfileInfo(profile, eng int) (nvml.Com
 		return nvml.ComputeInstanceProfileInfo{}, nvml.ERROR_INVALID_ARGUMENT
 	}
 
-	info, ok := gi.ciProfile(s, ciSizeForIndex(profile))
+	c, ok := ciProfile(&gi.d.g.model, s.profile.Info.SliceCount, profile)
 	if !ok {
 		return nvml.ComputeInstanceProfileInfo{}, nvml.ERROR_NOT_SUPPORTED
 	}
 
-	return info, nvml.SUCCESS
+	return ciInfo(s, c), nvml.SUCCESS
 }
 
-// ciPlacements: instance k starts at k*size, except that a 3-slice compute
-// instance of a 7-slice GPU instance sits at 0 or 4, like GPU instances do.
-func ciPlacements(s *giState, info nvml.ComputeInstanceProfileInfo) []nvml.ComputeInstancePlacement {
-	out := make([]nvml.ComputeInstancePlacement, 0, info.InstanceCount)
-	for k := uint32(0); k < info.InstanceCount; k++ {
-		start := k * info.SliceCount
-		if s.profile.Info.SliceCount == 7 && info.SliceCount == 3 {
-			start = k * 4
-		}
-
-		out = append(out, nvml.ComputeInstancePlacement{Start: start, Size: info.SliceCount})
+// ciPlacements are the possible placements of a compute profile, from the model's data.
+func ciPlacements(c models.CIProfile) []nvml.ComputeInstancePlacement {
+	out := make([]nvml.ComputeInstancePlacement, 0, len(c.Starts))
+	for _, start := range c.Starts {
+		out = append(out, nvml.ComputeInstancePlacement{Start: start, Size: c.SliceCount})
 	}
 
 	return out
@@ -710,17 +712,17 @@ func (gi *GpuInstance) GetComputeInstancePossiblePlacements(info *nvml.ComputeIn
 		return nil, ret
 	}
 
-	p, ok := gi.ciProfile(s, info.SliceCount)
+	c, ok := gi.ciProfile(s, info)
 	if !ok {
 		return nil, nvml.ERROR_INVALID_ARGUMENT
 	}
 
-	return ciPlacements(s, p), nvml.SUCCESS
+	return ciPlacements(c), nvml.SUCCESS
 }
 
-func ciFits(s *giState, p nvml.ComputeInstanceProfileInfo, pl nvml.ComputeInstancePlacement) nvml.Return {
+func ciFits(s *giState, p models.CIProfile, pl nvml.ComputeInstancePlacement) nvml.Return {
 	valid := false
-	for _, c := range ciPlacements(s, p) {
+	for _, c := range ciPlacements(p) {
 		if c == pl {
 			valid = true
 		}
@@ -739,7 +741,7 @@ func ciFits(s *giState, p nvml.ComputeInstanceProfileInfo, pl nvml.ComputeInstan
 	return nvml.SUCCESS
 }
 
-func (gi *GpuInstance) createCI(s *giState, p nvml.ComputeInstanceProfileInfo, pl nvml.ComputeInstancePlacement) (nvml.ComputeInstance, nvml.Return) {
+func (gi *GpuInstance) createCI(s *giState, p models.CIProfile, pl nvml.ComputeInstancePlacement) (nvml.ComputeInstance, nvml.Return) {
 	if ret := ciFits(s, p, pl); ret != nvml.SUCCESS {
 		return nil, ret
 	}
@@ -762,12 +764,12 @@ func (gi *GpuInstance) CreateComputeInstance(info *nvml.ComputeInstanceProfileIn
 		return nil, ret
 	}
 
-	p, ok := gi.ciProfile(s, info.SliceCount)
+	p, ok := gi.ciProfile(s, info)
 	if !ok {
 		return nil, nvml.ERROR_INVALID_ARGUMENT
 	}
 
-	for _, pl := range ciPlacements(s, p) {
+	for _, pl := range ciPlacements(p) {
 		if ciFits(s, p, pl) == nvml.SUCCESS {
 			return gi.createCI(s, p, pl)
 		}
@@ -784,7 +786,7 @@ func (gi *GpuInstance) CreateComputeInstanceWithPlacement(info *nvml.ComputeInst
 		return nil, ret
 	}
 
-	p, ok := gi.ciProfile(s, info.SliceCount)
+	p, ok := gi.ciProfile(s, info)
 	if !ok || pl == nil {
 		return nil, nvml.ERROR_INVALID_ARGUMENT
 	}
@@ -800,13 +802,13 @@ func (gi *GpuInstance) GetComputeInstanceRemainingCapacity(info *nvml.ComputeIns
 		return 0, ret
 	}
 
-	p, ok := gi.ciProfile(s, info.SliceCount)
+	p, ok := gi.ciProfile(s, info)
 	if !ok {
 		return 0, nvml.ERROR_INVALID_ARGUMENT
 	}
 
 	free := 0
-	for _, pl := range ciPlacements(s, p) {
+	for _, pl := range ciPlacements(p) {
 		if ciFits(s, p, pl) == nvml.SUCCESS {
 			free++
 		}
@@ -826,7 +828,7 @@ func (gi *GpuInstance) GetComputeInstances(info *nvml.ComputeInstanceProfileInfo
 	var out []nvml.ComputeInstance
 
 	for _, id := range s.ciIDs() {
-		if s.cis[id].size == info.SliceCount {
+		if info != nil && s.cis[id].size == info.SliceCount && ciProfileIDForSize(&gi.d.g.model, s.profile.Info.SliceCount, info.SliceCount) == info.Id {
 			out = append(out, &ComputeInstance{ComputeInstance: &mock.ComputeInstance{}, gi: gi, id: id})
 		}
 	}
@@ -881,14 +883,14 @@ func (ci *ComputeInstance) begin(method string) (*giState, *ciState, nvml.Return
 func (ci *ComputeInstance) GetInfo() (nvml.ComputeInstanceInfo, nvml.Return) {
 	defer ci.gi.d.end()
 
-	_, c, ret := ci.begin("GetInfo")
+	s, c, ret := ci.begin("GetInfo")
 	if ret != nvml.SUCCESS {
 		return nvml.ComputeInstanceInfo{}, ret
 	}
 
 	return nvml.ComputeInstanceInfo{
 		Device: ci.gi.d, GpuInstance: ci.gi, Id: uint32(c.id),
-		ProfileId: uint32(ciIndexForSize(c.size)), Placement: c.placement,
+		ProfileId: ciProfileIDForSize(&ci.gi.d.g.model, s.profile.Info.SliceCount, c.size), Placement: c.placement,
 	}, nvml.SUCCESS
 }
 

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
@@ -39,8 +40,11 @@ func MigMinor(gpuMinor, gi, ci int) int {
 // WriteProcFS writes under hostRoot the /proc and /sys files that a loaded NVIDIA driver
 // offers for the GPUs that lib reports: device majors, the driver version, one information
 // file per GPU, the MIG capability minors and a capability file for every MIG instance that
-// exists. The device-node job reads exactly these files, so a simulated node looks to it
-// like a real one. NVML must be initialized.
+// exists, and for every process that holds GPUs open (a Node's holders, and compute
+// processes) the /proc/<pid>/fd links to /dev/nvidiactl and /dev/nvidia<minor> (and its comm
+// where the holder has a name). The device-node job and the
+// MIG applier read exactly these files, so a simulated node looks to them like a real one.
+// NVML must be initialized.
 func WriteProcFS(hostRoot string, lib nvml.Interface) error {
 	files := map[string]string{
 		"proc/devices": fmt.Sprintf("Character devices:\n  1 mem\n%3d nvidia-frontend\n%3d nvidia-uvm\n%3d nvidia-caps\n\nBlock devices:\n  8 sd\n",
@@ -98,6 +102,48 @@ func WriteProcFS(hostRoot string, lib nvml.Interface) error {
 		return fmt.Errorf("clearing simulated capabilities: %w", err)
 	}
 
+	// Holders, as the kernel shows them: fd links into /dev (the links need not resolve here).
+	links := map[string]string{}
+
+	if h, ok := lib.(interface{ Holders() []Holder }); ok {
+		minors := map[int]int{}
+		for _, g := range gpus {
+			minors[g.Index] = g.Minor
+		}
+
+		for _, hd := range h.Holders() {
+			dir := filepath.Join("proc", strconv.Itoa(hd.PID))
+			files[filepath.Join(dir, "comm")] = hd.Name + "\n"
+			links[filepath.Join(dir, "fd", "3")] = "/dev/nvidiactl"
+
+			for i, idx := range hd.GPUs {
+				links[filepath.Join(dir, "fd", strconv.Itoa(4+i))] = fmt.Sprintf("/dev/nvidia%d", minors[idx])
+			}
+		}
+	}
+
+	// Compute processes have their GPU open too.
+	for _, g := range gpus {
+		d, ret := lib.DeviceGetHandleByIndex(g.Index)
+		if ret != nvml.SUCCESS {
+			return fmt.Errorf("GPU %d: %w", g.Index, ret)
+		}
+
+		procs, ret := d.GetComputeRunningProcesses()
+		if ret != nvml.SUCCESS {
+			return fmt.Errorf("GPU %d: compute processes: %w", g.Index, ret)
+		}
+
+		for _, p := range procs {
+			links[filepath.Join("proc", strconv.Itoa(int(p.Pid)), "fd", strconv.Itoa(100+g.Index))] = fmt.Sprintf("/dev/nvidia%d", g.Minor)
+		}
+	}
+
+	// Processes that are gone must disappear.
+	if err := removePIDDirs(filepath.Join(hostRoot, "proc")); err != nil {
+		return err
+	}
+
 	for rel, content := range files {
 		p := filepath.Join(hostRoot, rel)
 		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
@@ -109,9 +155,37 @@ func WriteProcFS(hostRoot string, lib nvml.Interface) error {
 		}
 	}
 
+	for rel, target := range links {
+		p := filepath.Join(hostRoot, rel)
+		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+			return fmt.Errorf("writing simulated /proc: %w", err)
+		}
+
+		if err := os.Symlink(target, p); err != nil {
+			return fmt.Errorf("writing simulated /proc: %w", err)
+		}
+	}
+
 	for _, mod := range []string{"nvidia", "nvidia_uvm", "nvidia_modeset"} {
 		if err := os.MkdirAll(filepath.Join(hostRoot, "sys/module", mod), 0o755); err != nil {
 			return fmt.Errorf("writing simulated /sys: %w", err)
+		}
+	}
+
+	return nil
+}
+
+func removePIDDirs(proc string) error {
+	entries, err := os.ReadDir(proc)
+	if err != nil && !os.IsNotExist(err) {
+		return fmt.Errorf("clearing simulated processes: %w", err)
+	}
+
+	for _, e := range entries {
+		if _, err := strconv.Atoi(e.Name()); err == nil {
+			if err := os.RemoveAll(filepath.Join(proc, e.Name())); err != nil {
+				return fmt.Errorf("clearing simulated processes: %w", err)
+			}
 		}
 	}
 

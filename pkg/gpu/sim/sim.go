@@ -1,7 +1,11 @@
 // Package sim is a simulated NVML: a node of MIG-capable GPUs that enforces
-// the real placement, overlap and capacity rules, Ampere's pending MIG mode,
-// Hopper's reset on mode change, processes that hold a GPU, fault injection
-// on any call, and counters of the calls that change state.
+// the real placement, overlap and capacity rules, the pending MIG mode of
+// nvmlDeviceSetMigMode (Ampere, pass-through, a GPU held open), Hopper's reset
+// on mode change, processes that hold a GPU open (written into a simulated
+// /proc as the real kernel shows them), boards that cannot reset one GPU, a
+// reboot (the mode survives, instances do not), fault injection on any call,
+// and counters of the calls that change state. Its GPU models are the data
+// files of pkg/gpu/models. It is for tests and the demo only.
 //
 // Node implements nvml.Interface. Methods it does not simulate fall through
 // to go-nvml's mock types, which panic with the name of the missing method
@@ -10,6 +14,7 @@ package sim
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sort"
 	"sync"
@@ -71,8 +76,40 @@ type Node struct {
 	faults        []*Fault
 	calls         map[string]int
 	initCount     int
+	fabric        *fabric
+	holders       []Holder
+	onMutating    func(method string, gpu int)
 	DriverVersion string
 	CudaVersion   int
+
+	// Board behaviour (see SetBoard).
+	passThrough     bool
+	noPerGPUReset   bool
+	minorsMoveReset bool
+	nextMinor       int
+}
+
+// Holder is a process that holds GPUs open through NVML without being a compute process:
+// nvidia-persistenced, the device plugin, DCGM, GFD. NVML lists none of them in
+// GetComputeRunningProcesses, but they keep a GPU from being unbound or reset; the kernel
+// shows them in /proc/<pid>/fd as links to /dev/nvidiactl and /dev/nvidia<minor>.
+type Holder struct {
+	PID  int
+	Name string // /proc/<pid>/comm
+	GPUs []int  // indices of the GPUs it holds open
+}
+
+// Board says what kind of machine the GPUs sit in.
+type Board struct {
+	// PassThrough: the GPUs are passed through to a VM, which cannot reset them: SetMigMode's
+	// activationStatus is ERROR_RESET_REQUIRED and only a (VM) reboot activates a mode.
+	PassThrough bool
+	// NoPerGPUReset: one GPU cannot be reset alone (NVSwitch boards such as HGX A100, where
+	// `nvidia-smi -r -i N` refuses: the GPUs reset together).
+	NoPerGPUReset bool
+	// MinorsChangeOnReset: a reset gives the GPU a new minor number, which nvml.h allows
+	// ("attributes associated with the device, such as minor number, might change").
+	MinorsChangeOnReset bool
 }
 
 var _ nvml.Interface = (*Node)(nil)
@@ -144,6 +181,98 @@ func NewNode(models ...ModelSpec) *Node {
 	}
 
 	return n
+}
+
+// SetBoard sets what kind of machine the GPUs sit in.
+func (n *Node) SetBoard(b Board) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+
+	n.passThrough, n.noPerGPUReset, n.minorsMoveReset = b.PassThrough, b.NoPerGPUReset, b.MinorsChangeOnReset
+}
+
+// Hold makes a process hold GPUs open (replacing an earlier holder of the same pid).
+func (n *Node) Hold(h Holder) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+
+	n.releaseLocked(h.PID)
+	h.GPUs = append([]int(nil), h.GPUs...)
+	n.holders = append(n.holders, h)
+}
+
+// Release ends a holder, as when its pod stops.
+func (n *Node) Release(pid int) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+
+	n.releaseLocked(pid)
+}
+
+func (n *Node) releaseLocked(pid int) {
+	kept := n.holders[:0]
+
+	for _, h := range n.holders {
+		if h.PID != pid {
+			kept = append(kept, h)
+		}
+	}
+
+	n.holders = kept
+}
+
+// Holders returns the processes that hold GPUs open.
+func (n *Node) Holders() []Holder {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+
+	return append([]Holder(nil), n.holders...)
+}
+
+// OnMutating registers f to be called at the start of every state-changing call (before
+// faults and effects), with the method name and GPU index. f runs with the node locked and
+// must not call the node.
+func (n *Node) OnMutating(f func(method string, gpu int)) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+
+	n.onMutating = f
+}
+
+// Reboot is a (simulated) reboot of the machine: every pending MIG mode becomes current (the
+// mode lives in the GPU's InfoROM), no GPU or compute instance survives, every process that
+// held a GPU is gone, NVML must be initialized again, and handles from before are stale.
+func (n *Node) Reboot() {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+
+	n.holders = nil
+	n.initCount = 0
+
+	for _, g := range n.gpus {
+		g.processes = nil
+		g.clients = 0
+		g.mode = g.pending
+		g.gis = map[int]*giState{}
+		g.generation++
+	}
+}
+
+// held says whether anything holds g open. Callers hold n.mu.
+func (n *Node) held(g *gpu) bool {
+	if len(g.processes) > 0 || g.clients > 0 {
+		return true
+	}
+
+	for _, h := range n.holders {
+		for _, i := range h.GPUs {
+			if i == g.index {
+				return true
+			}
+		}
+	}
+
+	return false
 }
 
 // InjectFault arms a fault.
@@ -229,6 +358,10 @@ func (n *Node) Clients(index int) int {
 func (n *Node) enter(method string, gpuIndex int) nvml.Return {
 	n.calls[method]++
 
+	if n.onMutating != nil && isMutating(method) {
+		n.onMutating(method, gpuIndex)
+	}
+
 	for _, f := range n.faults {
 		if f.Method != method || (f.GPU >= 0 && f.GPU != gpuIndex) || f.hits >= f.Times {
 			continue
@@ -245,8 +378,12 @@ func (n *Node) enter(method string, gpuIndex int) nvml.Return {
 	return nvml.SUCCESS
 }
 
+// ErrResetNotSupported is what resetting one GPU gives where the board cannot.
+var ErrResetNotSupported = errors.New("resetting this GPU alone is not supported")
+
 // ResetGPU resets one GPU the way `nvidia-smi -r -i N` does: it fails while
-// anything holds the GPU, activates a pending MIG mode and drops all instances.
+// anything holds the GPU, in pass-through and on boards whose GPUs reset only
+// together; otherwise it activates a pending MIG mode and drops all instances.
 func (n *Node) ResetGPU(_ context.Context, index int) error {
 	n.mu.Lock()
 	defer n.mu.Unlock()
@@ -260,19 +397,36 @@ func (n *Node) ResetGPU(_ context.Context, index int) error {
 	}
 
 	g := n.gpus[index]
-	if len(g.processes) > 0 || g.clients > 0 {
+
+	switch {
+	case n.passThrough:
+		return fmt.Errorf("reset gpu %d: %w: the GPU is passed through to a VM; reboot the VM", index, ErrResetNotSupported)
+	case n.noPerGPUReset:
+		return fmt.Errorf("reset gpu %d: %w: GPUs connected through NVSwitch reset together", index, ErrResetNotSupported)
+	case n.held(g):
 		return fmt.Errorf("reset gpu %d: %w", index, nvml.ERROR_IN_USE)
 	}
 
-	g.reset()
+	n.resetLocked(g)
 
 	return nil
 }
 
-func (g *gpu) reset() {
+// resetLocked resets g: the pending mode becomes current, instances are gone, handles go
+// stale, and the minor may change. Callers hold n.mu.
+func (n *Node) resetLocked(g *gpu) {
 	g.mode = g.pending
 	g.gis = map[int]*giState{}
 	g.generation++
+
+	if n.minorsMoveReset {
+		if n.nextMinor < len(n.gpus) {
+			n.nextMinor = len(n.gpus)
+		}
+
+		g.minor = n.nextMinor
+		n.nextMinor++
+	}
 }
 
 // State is a read-only snapshot of one GPU, for tests and the demo.

@@ -6,6 +6,7 @@ import (
 	"context"
 	"encoding/json"
 	"os"
+	"path/filepath"
 	"testing"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
@@ -13,6 +14,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/talos-nvidia/nvidia-driver/pkg/gpu"
 	"github.com/talos-nvidia/nvidia-driver/pkg/gpu/sim"
 )
 
@@ -188,23 +190,94 @@ func TestAmpereModeIsPendingUntilReset(t *testing.T) {
 	assert.Equal(t, nvml.DEVICE_MIG_ENABLE, cur)
 }
 
-func TestHopperModeChangeResetsOrRefuses(t *testing.T) {
+// TestHopperModeChangeResetsOrStaysPending follows nvml.h's nvmlDeviceSetMigMode: a GPU held
+// open cannot be unbound, so activationStatus is IN_USE, the call succeeds, the current mode
+// stays and the requested one is pending; an idle GPU is reset by the call.
+func TestHopperModeChangeResetsOrStaysPending(t *testing.T) {
 	node := sim.New(testutil.Model(t, "h100-80gb"), 1)
 	require.Equal(t, nvml.SUCCESS, node.Init())
 	dev, _ := node.DeviceGetHandleByIndex(0)
 
-	node.SetClients(0, 1)
-	_, ret := dev.SetMigMode(nvml.DEVICE_MIG_ENABLE)
-	assert.Equal(t, nvml.ERROR_IN_USE, ret)
-
-	node.SetClients(0, 0)
+	node.Hold(sim.Holder{PID: 77, Name: "nv-hostengine", GPUs: []int{0}})
 	activation, ret := dev.SetMigMode(nvml.DEVICE_MIG_ENABLE)
+	assert.Equal(t, nvml.SUCCESS, ret)
+	assert.Equal(t, nvml.ERROR_IN_USE, activation)
+	cur, pending, _ := dev.GetMigMode()
+	assert.Equal(t, []int{0, 1}, []int{cur, pending}, "current stays, pending set")
+	require.ErrorIs(t, node.ResetGPU(context.Background(), 0), nvml.ERROR_IN_USE)
+
+	node.Release(77)
+	activation, ret = dev.SetMigMode(nvml.DEVICE_MIG_ENABLE)
 	require.Equal(t, nvml.SUCCESS, ret)
 	assert.Equal(t, nvml.SUCCESS, activation)
 
+	_, ret = dev.GetName()
+	assert.Equal(t, nvml.ERROR_GPU_IS_LOST, ret, "the call reset the GPU: old handles are stale")
+
 	dev, _ = node.DeviceGetHandleByIndex(0)
-	cur, pending, _ := dev.GetMigMode()
+	cur, pending, _ = dev.GetMigMode()
 	assert.Equal(t, []int{1, 1}, []int{cur, pending})
+}
+
+// TestBoardsThatCannotReset: pass-through needs a VM reboot (activationStatus
+// RESET_REQUIRED, no reset); NVSwitch boards cannot reset one GPU; a reboot activates the
+// pending mode and drops every instance.
+func TestBoardsThatCannotReset(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		model string
+		board sim.Board
+	}{
+		{"pass-through hopper", "h100-80gb", sim.Board{PassThrough: true}},
+		{"nvswitch a100", "a100-80gb", sim.Board{NoPerGPUReset: true}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			node := sim.New(testutil.Model(t, tc.model), 2)
+			node.SetBoard(tc.board)
+			require.Equal(t, nvml.SUCCESS, node.Init())
+			dev, _ := node.DeviceGetHandleByIndex(0)
+
+			activation, ret := dev.SetMigMode(nvml.DEVICE_MIG_ENABLE)
+			require.Equal(t, nvml.SUCCESS, ret)
+			assert.Equal(t, nvml.ERROR_RESET_REQUIRED, activation)
+			require.ErrorIs(t, node.ResetGPU(context.Background(), 0), sim.ErrResetNotSupported)
+
+			cur, pending, _ := dev.GetMigMode()
+			assert.Equal(t, []int{0, 1}, []int{cur, pending})
+
+			node.Reboot()
+			_, _, ret = dev.GetMigMode()
+			assert.Equal(t, nvml.ERROR_UNINITIALIZED, ret, "a reboot ends the NVML session")
+			require.Equal(t, nvml.SUCCESS, node.Init())
+			dev, _ = node.DeviceGetHandleByIndex(0)
+			cur, pending, _ = dev.GetMigMode()
+			assert.Equal(t, []int{1, 1}, []int{cur, pending}, "the mode survives, now current")
+
+			p, _ := dev.GetGpuInstanceProfileInfo(nvml.GPU_INSTANCE_PROFILE_7_SLICE)
+			_, ret = dev.CreateGpuInstance(&p)
+			require.Equal(t, nvml.SUCCESS, ret)
+			node.Reboot()
+			require.Equal(t, nvml.SUCCESS, node.Init())
+			assert.Empty(t, node.State(0).Instances, "instances never survive a reboot")
+			assert.Equal(t, nvml.DEVICE_MIG_ENABLE, node.State(0).MigMode)
+		})
+	}
+}
+
+// TestMinorsMayChangeOnReset: nvml.h says a mode change may reset the device and change its
+// minor number.
+func TestMinorsMayChangeOnReset(t *testing.T) {
+	node := sim.New(testutil.Model(t, "h200"), 2)
+	node.SetBoard(sim.Board{MinorsChangeOnReset: true})
+	require.Equal(t, nvml.SUCCESS, node.Init())
+	dev, _ := node.DeviceGetHandleByIndex(1)
+	before, _ := dev.GetMinorNumber()
+
+	_, ret := dev.SetMigMode(nvml.DEVICE_MIG_ENABLE)
+	require.Equal(t, nvml.SUCCESS, ret)
+	dev, _ = node.DeviceGetHandleByIndex(1)
+	after, _ := dev.GetMinorNumber()
+	assert.NotEqual(t, before, after)
 }
 
 func TestPlacementRules(t *testing.T) {
@@ -294,4 +367,32 @@ func TestUnsimulatedCallPanicsWithItsName(t *testing.T) {
 	require.Equal(t, nvml.SUCCESS, node.Init())
 	dev, _ := node.DeviceGetHandleByIndex(0)
 	assert.PanicsWithValue(t, "Device.GetPowerUsageFunc: method is nil but Device.GetPowerUsage was just called", func() { _, _ = dev.GetPowerUsage() })
+}
+
+// TestHoldersShowInProc: a simulated node's holders and compute processes appear in its
+// /proc as the kernel shows them, so gpu.Holders finds them as on a node; a released holder
+// disappears at the next write.
+func TestHoldersShowInProc(t *testing.T) {
+	node := sim.New(testutil.Model(t, "h200"), 2)
+	require.Equal(t, nvml.SUCCESS, node.Init())
+	node.Hold(sim.Holder{PID: 4100, Name: "nvidia-device-plugin", GPUs: []int{0, 1}})
+	node.Hold(sim.Holder{PID: 4200, Name: "dcgm-exporter", GPUs: []int{1}})
+	node.SetProcesses(0, nvml.ProcessInfo{Pid: 555})
+
+	host := t.TempDir()
+	require.NoError(t, sim.WriteProcFS(host, node))
+
+	got, err := gpu.Holders(filepath.Join(host, "proc"), 0)
+	require.NoError(t, err)
+	assert.Equal(t, []gpu.Holder{{PID: 555}, {PID: 4100, Name: "nvidia-device-plugin"}}, got)
+
+	got, err = gpu.Holders(filepath.Join(host, "proc"), 1)
+	require.NoError(t, err)
+	assert.Equal(t, []gpu.Holder{{PID: 4100, Name: "nvidia-device-plugin"}, {PID: 4200, Name: "dcgm-exporter"}}, got)
+
+	node.Release(4100)
+	require.NoError(t, sim.WriteProcFS(host, node))
+	got, err = gpu.Holders(filepath.Join(host, "proc"), 1)
+	require.NoError(t, err)
+	assert.Equal(t, []gpu.Holder{{PID: 4200, Name: "dcgm-exporter"}}, got)
 }

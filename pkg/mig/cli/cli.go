@@ -1,5 +1,6 @@
-// Package cli is the offline `mig plan` command: it plans a layout on
-// simulated GPUs of a given model, so a layout can be checked before rollout.
+// Package cli is the offline `mig plan` command: it plans a layout on GPUs of a given model,
+// described by the model's data file (pkg/gpu/models), so a layout can be checked before
+// rollout.
 package cli
 
 import (
@@ -10,9 +11,7 @@ import (
 	"os"
 	"strings"
 
-	"github.com/NVIDIA/go-nvml/pkg/nvml"
-
-	"github.com/talos-nvidia/nvidia-driver/pkg/gpu/sim"
+	"github.com/talos-nvidia/nvidia-driver/pkg/gpu/models"
 	"github.com/talos-nvidia/nvidia-driver/pkg/mig"
 )
 
@@ -43,7 +42,7 @@ func RunPlanCLI(args []string, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("mig plan", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 
-	model := fs.String("gpu", "", "GPU model: "+strings.Join(sim.Models(), ", "))
+	model := fs.String("gpu", "", "GPU model: "+strings.Join(models.Keys(), ", "))
 	count := fs.Int("gpus", 1, "number of GPUs")
 	config := fs.String("config", "", "layout file (mig-parted v1); without it only the built-in layouts")
 	selectName := fs.String("select", "", "layout to plan")
@@ -73,7 +72,7 @@ func RunPlanCLI(args []string, stdout, stderr io.Writer) int {
 		return usage("-o must be text or json")
 	}
 
-	spec, err := sim.LookupModel(*model)
+	spec, err := models.Lookup(*model)
 	if err != nil {
 		return usage(err.Error())
 	}
@@ -88,8 +87,8 @@ func RunPlanCLI(args []string, stdout, stderr io.Writer) int {
 			return 1
 		}
 
-		if cfg, err = mig.Parse(data); err != nil {
-			fmt.Fprintf(stderr, "mig plan: %s: %v\n", *config, err)
+		if cfg, err = mig.ParseFile(*config, data); err != nil {
+			fmt.Fprintf(stderr, "mig plan: %v\n", err)
 
 			return 1
 		}
@@ -130,18 +129,11 @@ func RunPlanCLI(args []string, stdout, stderr io.Writer) int {
 	return 0
 }
 
-// Plan plans a layout on count simulated GPUs of a model.
-func Plan(spec sim.ModelSpec, count int, cfg *mig.Config, layout string) (*mig.Plan, error) {
-	node := sim.New(spec, count)
-	if ret := node.Init(); ret != nvml.SUCCESS {
-		return nil, fmt.Errorf("simulated NVML: %w", ret)
-	}
-
-	defer node.Shutdown() //nolint:errcheck
-
-	gpus, err := mig.ReadGPUs(node)
-	if err != nil {
-		return nil, err
+// Plan plans a layout on count GPUs of a model.
+func Plan(spec models.Model, count int, cfg *mig.Config, layout string) (*mig.Plan, error) {
+	gpus := make([]*mig.GPU, count)
+	for i := range gpus {
+		gpus[i] = mig.FromModel(spec, i)
 	}
 
 	return mig.PlanLayout(cfg, layout, gpus)

@@ -1,8 +1,6 @@
 package cli_test
 
 import (
-	"github.com/talos-nvidia/nvidia-driver/internal/testutil"
-
 	"bytes"
 	"os"
 	"path/filepath"
@@ -11,7 +9,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/talos-nvidia/nvidia-driver/pkg/gpu/sim"
+	"github.com/talos-nvidia/nvidia-driver/pkg/gpu/models"
 	"github.com/talos-nvidia/nvidia-driver/pkg/mig"
 	"github.com/talos-nvidia/nvidia-driver/pkg/mig/cli"
 )
@@ -38,6 +36,19 @@ func TestPlanJSONGolden(t *testing.T) {
 	assert.Equal(t, string(golden), out.String())
 }
 
+// TestPlanRejectsIndicesTheNodeLacks: `devices: [0, 5]` planned for 2 GPUs names the file,
+// line and key instead of planning GPU 0 and ignoring 5.
+func TestPlanRejectsIndicesTheNodeLacks(t *testing.T) {
+	file := filepath.Join(t.TempDir(), "mig.yaml")
+	require.NoError(t, os.WriteFile(file, []byte("version: v1\nmig-configs:\n  pair:\n    - devices: [0, 5]\n      mig-enabled: true\n      mig-devices: {\"7g.80gb\": 1}\n"), 0o600))
+
+	var out, errOut bytes.Buffer
+	code := cli.RunPlanCLI([]string{"--gpu", "h100-80gb", "--gpus", "2", "--config", file, "--select", "pair"}, &out, &errOut)
+	assert.Equal(t, 1, code)
+	assert.Equal(t, "mig plan: invalid MIG config "+file+`: line 4: layout "pair", entry 0, devices[1]: GPU 5 does not exist: the node has 2 GPU(s), indices 0 to 1`+"\n", errOut.String())
+	assert.Empty(t, out.String())
+}
+
 func TestPlanFailures(t *testing.T) {
 	for _, tc := range []struct {
 		args []string
@@ -45,7 +56,7 @@ func TestPlanFailures(t *testing.T) {
 		want string
 	}{
 		{[]string{"--gpu", "a100-40gb", "--select", "all-balanced"}, 0, "layout \"all-balanced\" fits on 1 × a100-40gb (NVIDIA A100-SXM4-40GB):\n  GPU 0: MIG on: 2g.10gb@0[2g.10gb] 1g.5gb@2[1g.5gb] 1g.5gb@3[1g.5gb] 3g.20gb@4[3g.20gb]\n"},
-		{[]string{"--gpu", "t4", "--select", "all-max"}, 2, "mig plan: unknown GPU model \"t4\" (known: [a100-40gb a100-80gb h100-80gb h200])\n"},
+		{[]string{"--gpu", "t4", "--select", "all-max"}, 2, "mig plan: unknown GPU model \"t4\" (known: a100-40gb, a100-80gb, h100-80gb, h200)\n"},
 		{[]string{"--gpu", "h200"}, 2, "mig plan: --select is required\n"},
 		{[]string{"--gpu", "h200", "--select", "mixed"}, 1, "mig plan: no layout \"mixed\" (layouts: all-1g, all-balanced, all-disabled, all-enabled, all-max)\n"},
 	} {
@@ -71,27 +82,27 @@ func firstLine(s string) string {
 	return s[:i+1]
 }
 
-// BenchmarkPlanBuiltins plans every built-in layout for 8 simulated GPUs of each model.
+// BenchmarkPlanBuiltins is `mig plan --gpus 8` for every built-in layout and GPU model:
+// loading the model's data file, building its 8 GPUs and planning. Reported per plan.
 func BenchmarkPlanBuiltins(b *testing.B) {
 	cfg := mig.Builtin()
 
-	for _, model := range sim.Models() {
-		b.Run(model, func(b *testing.B) {
-			node := sim.New(testutil.Model(b, model), 8)
-			node.Init()
+	for _, model := range models.Keys() {
+		for _, layout := range mig.BuiltinLayouts() {
+			b.Run(model+"/"+layout, func(b *testing.B) {
+				b.ReportAllocs()
 
-			gpus, err := mig.ReadGPUs(node)
-			require.NoError(b, err)
+				for i := 0; i < b.N; i++ {
+					spec, err := models.Lookup(model)
+					if err != nil {
+						b.Fatal(err)
+					}
 
-			b.ResetTimer()
-
-			for i := 0; i < b.N; i++ {
-				for _, layout := range mig.BuiltinLayouts() {
-					if _, err := mig.PlanLayout(cfg, layout, gpus); err != nil {
+					if _, err := cli.Plan(spec, 8, cfg, layout); err != nil {
 						b.Fatal(err)
 					}
 				}
-			}
-		})
+			})
+		}
 	}
 }

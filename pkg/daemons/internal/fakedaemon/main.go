@@ -5,14 +5,20 @@
 // pipe) that it is ready, and the parent exits 0. If the child dies before
 // that, the parent exits 1.
 //
-// It accepts nvidia-persistenced's flags. Behaviour is set by environment
-// (the real daemon's command line has no room for it):
+// It accepts nvidia-persistenced's flags. Given nv-fabricmanager's -c CONFIG instead, it
+// acts as the fabric manager run with DAEMONIZE=0 (see fabricManager below).
+//
+// Behaviour is set by environment (the real daemon's command line has no room for it):
 //
 //	FAKEDAEMON_RUN_DIR  run directory (default /var/run/nvidia-persistenced)
-//	FAKEDAEMON_MODE     ok | fail | never-ready | hang-term | crash-after=DURATION
+//	FAKEDAEMON_MODE     ok | fail | never-ready | hang-term | crash-after=DURATION, and for the
+//	                    fabric manager also nothing-to-do | late-nothing-to-do (after its
+//	                    socket answered) | bad-config | hang (never listens)
 //	FAKEDAEMON_CONTROL  file whose content, when present, overrides FAKEDAEMON_MODE at each start
 //	FAKEDAEMON_SYSLOG   datagram socket to send syslog lines to (the real daemon uses /dev/log)
 //	FAKEDAEMON_ARGS     file the parent appends its command line to (one line per start)
+//	FAKEDAEMON_DEV      the fabric manager's /dev: it fails, as the real one does, unless the
+//	                    NVSwitch and NVLink nodes it opens are character devices there
 package main
 
 import (
@@ -33,6 +39,9 @@ import (
 const childEnv = "FAKEDAEMON_CHILD"
 
 func main() {
+	if len(os.Args) == 3 && (os.Args[1] == "-c" || os.Args[1] == "--config") {
+		os.Exit(fabricManager(os.Args[2]))
+	}
 	if err := parseFlags(os.Args[1:]); err != nil {
 		fmt.Fprintf(os.Stderr, "fakedaemon: %v\n", err)
 		os.Exit(2)
@@ -62,12 +71,7 @@ func parseFlags(args []string) error {
 }
 
 func parent() int {
-	if p := os.Getenv("FAKEDAEMON_ARGS"); p != "" {
-		if f, err := os.OpenFile(p, os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o644); err == nil {
-			fmt.Fprintln(f, strings.Join(os.Args, " "))
-			_ = f.Close()
-		}
-	}
+	recordArgs()
 	r, w, err := os.Pipe()
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "fakedaemon: pipe: %v\n", err)
@@ -226,4 +230,121 @@ func (d *daemon) shutdown() {
 		_ = os.Remove(d.runDir)
 	}
 	d.logf(5, "Shutdown (%d)", os.Getpid())
+}
+
+// fabricManager acts as nv-fabricmanager with DAEMONIZE=0: it reads its config file
+// (KEY=VALUE lines), logs to stderr, checks the device nodes it would open, listens on
+// FM_CMD_UNIX_SOCKET_PATH and runs until SIGTERM. Its failure lines are the real daemon's
+// (NVIDIA/gpu-operator#610, siderolabs/extensions#511); both exit 1.
+func fabricManager(config string) int {
+	recordArgs()
+	cfg, err := readConfig(config)
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "failed to open config file %s: %v\n", config, err)
+		return 1
+	}
+	if cfg["DAEMONIZE"] != "0" {
+		fmt.Fprintf(os.Stderr, "fakedaemon: only DAEMONIZE=0 is simulated, got %q\n", cfg["DAEMONIZE"])
+		return 2
+	}
+	fmt.Fprintf(os.Stderr, "Fabric Manager version 580.159.04 is running with the following configuration options\n")
+	switch m := mode(); {
+	case m == "nothing-to-do":
+		fmt.Fprintln(os.Stderr, "request to query NVSwitch device information from NVSwitch driver failed with error:WARNING Nothing to do [NV_WARN_NOTHING_TO_DO]")
+		return 1
+	case m == "bad-config":
+		fmt.Fprintln(os.Stderr, "fabric manager config file item: FABRIC_NODE_CONFIG_FILE has an invalid value")
+		return 1
+	case m == "fail":
+		fmt.Fprintln(os.Stderr, "failed to initialize the fabric: an unexpected error")
+		return 1
+	}
+	if mode() == "hang" {
+		sigs := make(chan os.Signal, 1)
+		signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT)
+		<-sigs
+		return 0
+	}
+	if dev := os.Getenv("FAKEDAEMON_DEV"); dev != "" {
+		for _, n := range []string{"nvidia-nvswitchctl", "nvidia-nvswitch0", "nvidia-nvlink", "nvidiactl"} {
+			var st unix.Stat_t
+			if err := unix.Stat(filepath.Join(dev, n), &st); err != nil || st.Mode&unix.S_IFMT != unix.S_IFCHR {
+				fmt.Fprintf(os.Stderr, "failed to open NVSwitch device /dev/%s: %v\n", n, err)
+				return 1
+			}
+		}
+	}
+	// Handle SIGTERM before the socket tells anyone that we are up.
+	sigs := make(chan os.Signal, 1)
+	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT)
+	sock := cfg["FM_CMD_UNIX_SOCKET_PATH"]
+	if sock == "" {
+		fmt.Fprintln(os.Stderr, "fakedaemon: FM_CMD_UNIX_SOCKET_PATH is empty; the fake listens only on a UNIX socket")
+		return 2
+	}
+	_ = os.Remove(sock)
+	l, err := net.Listen("unix", sock)
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "failed to bind the fabric manager API socket: %v\n", err)
+		return 1
+	}
+	go func() {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			_ = c.Close()
+		}
+	}()
+	if p := cfg["STATE_FILE_NAME"]; p != "" {
+		_ = os.WriteFile(p, []byte("fake fabric state\n"), 0o644)
+	}
+	fmt.Fprintln(os.Stderr, "Successfully configured all the available NVSwitches to route GPU NVLink traffic.")
+
+	var crash <-chan time.Time
+	if dur, ok := strings.CutPrefix(mode(), "crash-after="); ok {
+		if d, err := time.ParseDuration(dur); err == nil {
+			crash = time.After(d)
+		}
+	}
+	var late <-chan time.Time
+	if mode() == "late-nothing-to-do" {
+		late = time.After(100 * time.Millisecond)
+	}
+	select {
+	case <-sigs:
+		_ = l.Close()
+		fmt.Fprintln(os.Stderr, "Fabric Manager is exiting")
+		return 0
+	case <-crash:
+		fmt.Fprintln(os.Stderr, "crashing as told")
+		return 3 // leaves its socket behind
+	case <-late:
+		fmt.Fprintln(os.Stderr, "request to query NVSwitch device information from NVSwitch driver failed with error:WARNING Nothing to do [NV_WARN_NOTHING_TO_DO]")
+		return 1
+	}
+}
+
+func readConfig(path string) (map[string]string, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	cfg := map[string]string{}
+	for _, line := range strings.Split(string(data), "\n") {
+		if k, v, ok := strings.Cut(strings.TrimSpace(line), "="); ok && !strings.HasPrefix(k, "#") {
+			cfg[k] = v
+		}
+	}
+	return cfg, nil
+}
+
+func recordArgs() {
+	if p := os.Getenv("FAKEDAEMON_ARGS"); p != "" {
+		if f, err := os.OpenFile(p, os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o644); err == nil {
+			fmt.Fprintln(f, strings.Join(os.Args, " "))
+			_ = f.Close()
+		}
+	}
 }

@@ -1,0 +1,355 @@
+package recipes
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"go/ast"
+	"go/parser"
+	"go/token"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"sort"
+	"strconv"
+	"strings"
+
+	"github.com/blang/semver/v4"
+	"gopkg.in/yaml.v3"
+)
+
+// MachineryModule is Talos's machinery module: its gendata and constants say which pkgs,
+// tools and kernel a Talos release was built with.
+const MachineryModule = "github.com/siderolabs/talos/pkg/machinery"
+
+// Files of a release directory (hack/gen-flavors/releases/<talos>/), vendored from
+// siderolabs' repositories with their provenance in a header.
+const (
+	ExtensionsVarsFile     = "extensions-nvidia-gpu-vars.yaml"
+	ExtensionsMakefileFile = "extensions-Makefile"
+	PkgsPkgfileFile        = "pkgs-Pkgfile"
+)
+
+// Branches are NVIDIA's driver branches that Talos builds kernel modules for.
+var Branches = []string{"lts", "production"}
+
+// Release is what the recipes need to know about one Talos release.
+type Release struct {
+	// From the machinery module of the release (gendata/data, constants/constants.go).
+	Talos, Pkgs, Tools, Kernel string
+	// From siderolabs/extensions at the release's tag: the bldr frontend and pkgs version
+	// its Makefile pins, the Wolfi image by digest.
+	BldrRelease, ExtensionsPkgs, WolfiBaseRef string
+	// Drivers by branch: versions and archive checksums from siderolabs/pkgs at the
+	// release's pkgs version, fabric manager checksums from siderolabs/extensions.
+	Drivers map[string]Driver
+}
+
+// Driver is one branch's NVIDIA driver of a release (linux-x86_64 archives).
+type Driver struct {
+	Version string
+	// SHA256 and SHA512 of nvidia_driver-linux-x86_64-<version>-archive.tar.xz.
+	SHA256, SHA512 string
+	// FabricManagerSHA256/512 of fabricmanager-linux-x86_64-<version>-archive.tar.xz.
+	FabricManagerSHA256, FabricManagerSHA512 string
+}
+
+// Machinery is the data a machinery module version carries about its release.
+type Machinery struct {
+	Tag, Pkgs, Tools, Kernel string
+	// Dir is the module's directory in the module cache.
+	Dir string
+}
+
+// DownloadMachinery fetches the machinery module of a Talos release through the go command
+// (module proxy and checksum database) and reads its release data.
+func DownloadMachinery(version string) (Machinery, error) {
+	out, err := exec.Command("go", "mod", "download", "-json", MachineryModule+"@"+version).Output()
+	if err != nil {
+		var ee *exec.ExitError
+		if errors.As(err, &ee) {
+			err = fmt.Errorf("%w: %s%s", err, ee.Stderr, out)
+		}
+
+		return Machinery{}, fmt.Errorf("downloading %s@%s: %w", MachineryModule, version, err)
+	}
+
+	var mod struct{ Dir, Error string }
+	if err := json.Unmarshal(out, &mod); err != nil {
+		return Machinery{}, fmt.Errorf("downloading %s@%s: %w", MachineryModule, version, err)
+	}
+
+	if mod.Error != "" || mod.Dir == "" {
+		return Machinery{}, fmt.Errorf("downloading %s@%s: %s", MachineryModule, version, mod.Error)
+	}
+
+	return ReadMachinery(mod.Dir)
+}
+
+// ReadMachinery reads gendata/data/{tag,pkgs,tools} and constants.DefaultKernelVersion from
+// a machinery module directory.
+func ReadMachinery(dir string) (Machinery, error) {
+	m := Machinery{Dir: dir}
+
+	for _, f := range []struct {
+		name string
+		to   *string
+	}{{"tag", &m.Tag}, {"pkgs", &m.Pkgs}, {"tools", &m.Tools}} {
+		data, err := os.ReadFile(filepath.Join(dir, "gendata", "data", f.name))
+		if err != nil {
+			return m, fmt.Errorf("machinery gendata: %w", err)
+		}
+
+		*f.to = strings.TrimSpace(string(data))
+	}
+
+	kernel, err := stringConst(filepath.Join(dir, "constants", "constants.go"), "DefaultKernelVersion")
+	if err != nil {
+		return m, err
+	}
+
+	m.Kernel = kernel
+
+	return m, nil
+}
+
+// stringConst finds a string constant's value in a Go file without compiling it.
+func stringConst(path, name string) (string, error) {
+	f, err := parser.ParseFile(token.NewFileSet(), path, nil, 0)
+	if err != nil {
+		return "", err
+	}
+
+	for _, decl := range f.Decls {
+		gd, ok := decl.(*ast.GenDecl)
+		if !ok || gd.Tok != token.CONST {
+			continue
+		}
+
+		for _, spec := range gd.Specs {
+			vs := spec.(*ast.ValueSpec) //nolint:forcetypeassert // const specs are value specs
+
+			for i, n := range vs.Names {
+				if n.Name != name || i >= len(vs.Values) {
+					continue
+				}
+
+				if lit, ok := vs.Values[i].(*ast.BasicLit); ok && lit.Kind == token.STRING {
+					return strconv.Unquote(lit.Value)
+				}
+			}
+		}
+	}
+
+	return "", fmt.Errorf("%s: no string constant %s", path, name)
+}
+
+// ReleaseDirs lists the release directories under dir, newest Talos release first.
+func ReleaseDirs(dir string) ([]string, error) {
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		return nil, err
+	}
+
+	var out []string
+
+	for _, e := range entries {
+		if _, err := semver.ParseTolerant(e.Name()); e.IsDir() && err == nil {
+			out = append(out, e.Name())
+		}
+	}
+
+	sort.Slice(out, func(i, j int) bool {
+		return semver.MustParse(strings.TrimPrefix(out[i], "v")).GT(semver.MustParse(strings.TrimPrefix(out[j], "v")))
+	})
+
+	if len(out) == 0 {
+		return nil, fmt.Errorf("%s: no release directories (named after a Talos release, e.g. v1.13.9)", dir)
+	}
+
+	return out, nil
+}
+
+// ReadRelease combines a release directory's vendored files with the release's machinery
+// data and checks that they agree: the machinery's tag is the directory's, siderolabs'
+// extensions and pkgs are the ones that release was built from, and both name the same
+// driver versions and archive checksums.
+func ReadRelease(dir string, m Machinery) (Release, error) {
+	talos := filepath.Base(dir)
+	r := Release{Talos: talos, Pkgs: m.Pkgs, Tools: m.Tools, Kernel: m.Kernel, Drivers: map[string]Driver{}}
+
+	var errs []error
+
+	if m.Tag != talos {
+		errs = append(errs, fmt.Errorf("%s: machinery gendata says Talos %s", dir, m.Tag))
+	}
+
+	ext, err := readYAMLVars(filepath.Join(dir, ExtensionsVarsFile), "")
+	if err != nil {
+		return r, err
+	}
+
+	mk, err := readMakefileVars(filepath.Join(dir, ExtensionsMakefileFile))
+	if err != nil {
+		return r, err
+	}
+
+	pkgs, err := readYAMLVars(filepath.Join(dir, PkgsPkgfileFile), "vars")
+	if err != nil {
+		return r, err
+	}
+
+	r.BldrRelease, r.ExtensionsPkgs, r.WolfiBaseRef = mk["BLDR_RELEASE"], mk["PKGS"], ext["WOLFI_BASE_REF"]
+
+	if r.ExtensionsPkgs != m.Pkgs {
+		errs = append(errs, fmt.Errorf("%s: siderolabs/extensions builds against pkgs %q, Talos %s against %q", filepath.Join(dir, ExtensionsMakefileFile), r.ExtensionsPkgs, talos, m.Pkgs))
+	}
+
+	switch tag, err := provenanceTag(filepath.Join(dir, PkgsPkgfileFile)); {
+	case err != nil:
+		errs = append(errs, err)
+	case tag != m.Pkgs:
+		errs = append(errs, fmt.Errorf("%s: vendored from pkgs %q, Talos %s is built from pkgs %q", filepath.Join(dir, PkgsPkgfileFile), tag, talos, m.Pkgs))
+	}
+
+	switch tag, err := provenanceTag(filepath.Join(dir, ExtensionsVarsFile)); {
+	case err != nil:
+		errs = append(errs, err)
+	case tag != talos:
+		errs = append(errs, fmt.Errorf("%s: vendored from extensions %q, not %s", filepath.Join(dir, ExtensionsVarsFile), tag, talos))
+	}
+
+	for _, b := range Branches {
+		up := strings.ToUpper(b)
+		d := Driver{
+			Version:             pkgs["nvidia_driver_"+b+"_version"],
+			SHA256:              pkgs["nvidia_driver_"+b+"_amd64_sha256"],
+			SHA512:              pkgs["nvidia_driver_"+b+"_amd64_sha512"],
+			FabricManagerSHA256: ext["NVIDIA_FABRIC_MANAGER_"+up+"_AMD64_SHA256"],
+			FabricManagerSHA512: ext["NVIDIA_FABRIC_MANAGER_"+up+"_AMD64_SHA512"],
+		}
+
+		for what, pair := range map[string][2]string{
+			"version": {d.Version, ext["NVIDIA_DRIVER_"+up+"_VERSION"]},
+			"sha256":  {d.SHA256, ext["NVIDIA_PKGS_"+up+"_AMD64_SHA256"]},
+			"sha512":  {d.SHA512, ext["NVIDIA_PKGS_"+up+"_AMD64_SHA512"]},
+		} {
+			if pair[0] == "" || pair[0] != pair[1] {
+				errs = append(errs, fmt.Errorf("%s: %s driver %s: pkgs says %q, extensions %q", dir, b, what, pair[0], pair[1]))
+			}
+		}
+
+		if d.FabricManagerSHA256 == "" || d.FabricManagerSHA512 == "" {
+			errs = append(errs, fmt.Errorf("%s: no fabric manager checksums for the %s driver", filepath.Join(dir, ExtensionsVarsFile), b))
+		}
+
+		r.Drivers[b] = d
+	}
+
+	for what, v := range map[string]string{"BLDR_RELEASE": r.BldrRelease, "WOLFI_BASE_REF": r.WolfiBaseRef} {
+		if v == "" {
+			errs = append(errs, fmt.Errorf("%s: no %s", dir, what))
+		}
+	}
+
+	return r, errors.Join(errs...)
+}
+
+func readYAMLVars(path, under string) (map[string]string, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+
+	if under == "" {
+		out := map[string]string{}
+
+		return out, yamlErr(path, yaml.Unmarshal(data, &out))
+	}
+
+	var doc map[string]map[string]string
+	if err := yaml.Unmarshal(data, &doc); err != nil {
+		return nil, yamlErr(path, err)
+	}
+
+	return doc[under], nil
+}
+
+func yamlErr(path string, err error) error {
+	if err != nil {
+		return fmt.Errorf("%s: %w", path, err)
+	}
+
+	return nil
+}
+
+// readMakefileVars reads "NAME ?= value" and "NAME := value" lines.
+func readMakefileVars(path string) (map[string]string, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+
+	out := map[string]string{}
+
+	sc := bufio.NewScanner(bytes.NewReader(data))
+	for sc.Scan() {
+		if m := makeVar.FindStringSubmatch(sc.Text()); m != nil {
+			out[m[1]] = m[2]
+		}
+	}
+
+	return out, sc.Err()
+}
+
+var (
+	makeVar = regexp.MustCompile(`^([A-Z_]+)\s*[?:]=\s*(\S+)\s*$`)
+	// provenance is the first header line of a vendored file.
+	provenance = regexp.MustCompile(`^# Vendored from siderolabs/\S+, tag (\S+) \(commit [0-9a-f]{40}\), file \S+`)
+)
+
+func provenanceTag(path string) (string, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return "", err
+	}
+
+	first, _, _ := bytes.Cut(data, []byte("\n"))
+
+	m := provenance.FindSubmatch(first)
+	if m == nil {
+		return "", fmt.Errorf("%s: no provenance header (repository, tag, commit, file)", path)
+	}
+
+	return string(m[1]), nil
+}
+
+// LoadReleases reads every release directory under dir, newest first, with each release's
+// machinery data downloaded through the go command.
+func LoadReleases(dir string) ([]Release, error) {
+	names, err := ReleaseDirs(dir)
+	if err != nil {
+		return nil, err
+	}
+
+	out := make([]Release, 0, len(names))
+
+	for _, n := range names {
+		m, err := DownloadMachinery(n)
+		if err != nil {
+			return nil, err
+		}
+
+		r, err := ReadRelease(filepath.Join(dir, n), m)
+		if err != nil {
+			return nil, err
+		}
+
+		out = append(out, r)
+	}
+
+	return out, nil
+}

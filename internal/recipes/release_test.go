@@ -1,0 +1,104 @@
+package recipes_test
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/talos-nvidia/nvidia-driver/internal/recipes"
+	"github.com/talos-nvidia/nvidia-driver/internal/testutil"
+)
+
+// TestReleaseDataMustAgree: the generator takes a release only when its machinery, the
+// vendored siderolabs/pkgs lines and the vendored siderolabs/extensions files agree.
+func TestReleaseDataMustAgree(t *testing.T) {
+	const talos = "v1.13.9"
+
+	src := filepath.Join(testutil.RepoRoot(t), "hack", "gen-flavors", "releases", talos)
+
+	m, err := recipes.DownloadMachinery(talos)
+	require.NoError(t, err)
+	assert.Equal(t, recipes.Machinery{Tag: talos, Pkgs: "v1.13.0-60-gf541ca4", Tools: "v1.13.0-9-ga201d19", Kernel: "6.18.44-talos", Dir: m.Dir}, m)
+
+	cases := []struct {
+		name      string
+		file      string
+		old, new  string
+		machinery func(*recipes.Machinery)
+		want      string
+	}{
+		{name: "as vendored"},
+		{
+			name: "pkgs and extensions name other checksums",
+			file: recipes.PkgsPkgfileFile, old: "93e0487897e843be", new: "0000000000000000",
+			want: "production driver sha256: pkgs says \"0000000000000000",
+		},
+		{
+			name: "pkgs and extensions name other versions",
+			file: recipes.ExtensionsVarsFile, old: "NVIDIA_DRIVER_LTS_VERSION: 580.178.04", new: "NVIDIA_DRIVER_LTS_VERSION: 580.167.08",
+			want: "lts driver version: pkgs says \"580.178.04\", extensions \"580.167.08\"",
+		},
+		{
+			name: "pkgs lines of another pkgs tag",
+			file: recipes.PkgsPkgfileFile, old: "tag v1.13.0-60-gf541ca4", new: "tag v1.13.0-36-g6b315f7",
+			want: "vendored from pkgs \"v1.13.0-36-g6b315f7\", Talos v1.13.9 is built from pkgs \"v1.13.0-60-gf541ca4\"",
+		},
+		{
+			name:      "the machinery of another release",
+			machinery: func(m *recipes.Machinery) { m.Tag = "v1.13.8" },
+			want:      "machinery gendata says Talos v1.13.8",
+		},
+		{
+			name: "no provenance header",
+			file: recipes.ExtensionsVarsFile, old: "# Vendored from", new: "# Copied from",
+			want: "no provenance header",
+		},
+	}
+
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := filepath.Join(t.TempDir(), talos)
+			require.NoError(t, os.MkdirAll(dir, 0o755))
+
+			for _, f := range []string{recipes.PkgsPkgfileFile, recipes.ExtensionsVarsFile, recipes.ExtensionsMakefileFile} {
+				data, err := os.ReadFile(filepath.Join(src, f))
+				require.NoError(t, err)
+
+				if f == tc.file {
+					require.Contains(t, string(data), tc.old)
+					data = []byte(strings.Replace(string(data), tc.old, tc.new, 1))
+				}
+
+				require.NoError(t, os.WriteFile(filepath.Join(dir, f), data, 0o644))
+			}
+
+			mm := m
+			if tc.machinery != nil {
+				tc.machinery(&mm)
+			}
+
+			r, err := recipes.ReadRelease(dir, mm)
+			if tc.want == "" {
+				require.NoError(t, err)
+				assert.Equal(t, "v0.6.2", r.BldrRelease)
+				assert.Equal(t, recipes.Driver{
+					Version:             "595.91.07",
+					SHA256:              "93e0487897e843be767a3d259dffea8ac32dffff846e83df8d3abbf30be754ae",
+					SHA512:              "a7cb28e9025218ea72bb868b3927f5ef08f790a9427de13db2678c3488dce689c6dde788f1162eeb809d99b43ee3b44ebe8688c63033a481d8973b328189d274",
+					FabricManagerSHA256: "c91cd6e2fb845a4554d50e061974ebc80f35034f9655e348908783a02e87ddb6",
+					FabricManagerSHA512: "a6af44d1f1f46caf1cd858a2638cc517a07a322ec6f5b4497a2e68f4330ebe6527540ecb625bf6172c0cb54d3394f0dfb204af03edef511b0f09a7948f013d7b",
+				}, r.Drivers["production"])
+				assert.Equal(t, "580.178.04", r.Drivers["lts"].Version)
+
+				return
+			}
+
+			require.Error(t, err)
+			assert.Contains(t, err.Error(), tc.want)
+		})
+	}
+}

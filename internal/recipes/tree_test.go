@@ -1,0 +1,315 @@
+package recipes_test
+
+import (
+	"bytes"
+	"io"
+	"log/slog"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"sort"
+	"strings"
+	"testing"
+
+	"github.com/blang/semver/v4"
+	"github.com/siderolabs/talos/pkg/machinery/extensions"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"gopkg.in/yaml.v3"
+
+	"github.com/talos-nvidia/nvidia-driver/internal/recipes"
+	"github.com/talos-nvidia/nvidia-driver/internal/testutil"
+	"github.com/talos-nvidia/nvidia-driver/pkg/extension"
+)
+
+// releases reads the release data as the generator does: the machinery module of each
+// release comes through the go command (module proxy), the rest from the vendored files.
+func releases(t *testing.T) []recipes.Release {
+	t.Helper()
+
+	rs, err := recipes.LoadReleases(filepath.Join(testutil.RepoRoot(t), "hack", "gen-flavors", "releases"))
+	require.NoError(t, err)
+
+	return rs
+}
+
+// TestRecipesAreCurrent re-renders the generated recipes from the release data and compares
+// them with the repository's: edit internal/recipes/templates or the release data, then run
+// go run ./hack/gen-flavors. A release whose data moved on (a new pkgs tag in its machinery,
+// other driver versions in its vendored files) fails here.
+func TestRecipesAreCurrent(t *testing.T) {
+	top := testutil.RepoRoot(t)
+	rs := releases(t)
+
+	assert.Equal(t, "v1.13.9", rs[0].Talos, "the newest Talos 1.13 patch is the default")
+
+	files, err := recipes.Generate(rs)
+	require.NoError(t, err)
+
+	for rel, want := range files {
+		got, err := os.ReadFile(filepath.Join(top, rel))
+		require.NoError(t, err, "%s missing: run go run ./hack/gen-flavors", rel)
+		assert.Equal(t, string(want), string(got), "%s is stale: run go run ./hack/gen-flavors", rel)
+	}
+
+	// Nothing else in the generated directories: a file left from an older layout would be
+	// copied into /pkg, or loaded.
+	for _, dir := range append([]string{"flavors"}, "stages/nvidia-userspace-lts", "stages/nvidia-userspace-production") {
+		err := filepath.WalkDir(filepath.Join(top, dir), func(p string, d os.DirEntry, err error) error {
+			require.NoError(t, err)
+
+			rel, _ := filepath.Rel(top, p)
+			if !d.IsDir() {
+				assert.Contains(t, files, rel, "%s is not generated: remove it or generate it", rel)
+			}
+
+			return nil
+		})
+		require.NoError(t, err)
+	}
+}
+
+// load loads the repository's tree for one release, as bldr's frontend would with
+// --build-arg TALOS_VERSION=<release>.
+func load(t *testing.T, args map[string]string) *recipes.Tree {
+	t.Helper()
+
+	tr, err := recipes.Load(testutil.RepoRoot(t), recipes.Options{BuildArgs: args})
+	require.NoError(t, err, "bldr would not load the tree with build arguments %v", args)
+
+	return tr
+}
+
+// TestRecipeTreeLoads loads the whole tree for every release and without build arguments:
+// every package once, every stage dependency defined, checksums present, every template
+// attached to the package it belongs to, every {{ .X }} resolved, the frontend pinned to the
+// bldr release siderolabs/extensions uses for the default release.
+func TestRecipeTreeLoads(t *testing.T) {
+	rs := releases(t)
+
+	flavors := recipes.Flavors()
+	want := []string{"nvidia-driver-binaries", "nvidia-driver-glibc", "nvidia-userspace-lts", "nvidia-userspace-production"}
+	attached := map[string]string{}
+
+	for _, f := range flavors {
+		want = append(want, f.Name)
+		attached[filepath.Join("flavors", f.Name, "manifest.yaml.tmpl")] = f.Name
+	}
+
+	sort.Strings(want)
+
+	for _, args := range []map[string]string{nil, {"TALOS_VERSION": rs[0].Talos, "PKGS_PREFIX": "ghcr.io/siderolabs", "PKGS": rs[0].Pkgs, "TAG": "v0.1.0"}, {"TALOS_VERSION": rs[1].Talos}} {
+		tr := load(t, args)
+
+		var names []string
+		for _, p := range tr.Pkgs {
+			names = append(names, p.Name)
+		}
+
+		sort.Strings(names)
+		assert.Equal(t, want, names)
+		assert.Equal(t, attached, tr.Attached, "templates: only each flavor's manifest")
+		assert.Equal(t, "ghcr.io/siderolabs/bldr:"+rs[0].BldrRelease, tr.Pkgfile.Syntax, "Pkgfile's # syntax line")
+		assert.Equal(t, "/usr/local/glibc", tr.Pkgfile.Vars["GLIBC_ROOT"], "the subroot path of the Makefile and pkg/extension")
+		assert.Equal(t, "/"+extension.SubrootPath, tr.Pkgfile.Vars["GLIBC_ROOT"])
+
+		// The root package builds from the module source: bldr copies its directory, the
+		// repository root, into /pkg.
+		assert.Equal(t, ".", tr.Pkg("nvidia-driver-binaries").Dir)
+	}
+}
+
+// TestBuildArgumentsAreDocumented: every build argument the tree reads is in the table of
+// docs/extension.md, and every documented one is read.
+func TestBuildArgumentsAreDocumented(t *testing.T) {
+	top := testutil.RepoRoot(t)
+
+	out, err := exec.Command("git", "-C", top, "ls-files").Output()
+	require.NoError(t, err)
+
+	var used []string
+
+	for _, f := range strings.Fields(string(out)) {
+		base := filepath.Base(f)
+		if base != recipes.PkgYAMLName && base != recipes.VarsYAMLName && base != recipes.PkgfileName && !strings.HasSuffix(base, recipes.TemplateExt) {
+			continue
+		}
+
+		data, err := os.ReadFile(filepath.Join(top, f))
+		require.NoError(t, err)
+
+		for _, a := range recipes.BuildArgs(data) {
+			if !slices.Contains(used, a) {
+				used = append(used, a)
+			}
+		}
+	}
+
+	doc, err := os.ReadFile(filepath.Join(top, "docs", "extension.md"))
+	require.NoError(t, err)
+
+	var documented []string
+	for _, m := range regexp.MustCompile("(?m)^\\| `--build-arg ([A-Z_]+)=").FindAllSubmatch(doc, -1) {
+		documented = append(documented, string(m[1]))
+	}
+
+	sort.Strings(used)
+	sort.Strings(documented)
+	assert.Equal(t, documented, used, "build arguments read by the recipes vs. documented in docs/extension.md")
+}
+
+// TestFlavorsMatchTheirRelease checks each flavor of each release against that release's
+// data: the driver version and both checksums of NVIDIA's archive and the fabric manager's,
+// the Talos packages image of the modules, the kind of modules, and the manifest that
+// Talos reads.
+func TestFlavorsMatchTheirRelease(t *testing.T) {
+	for _, r := range releases(t) {
+		tr := load(t, map[string]string{"TALOS_VERSION": r.Talos})
+
+		for _, f := range recipes.Flavors() {
+			t.Run(r.Talos+"/"+f.Name, func(t *testing.T) {
+				d := r.Drivers[f.Branch]
+				p := tr.Pkg(f.Name)
+				require.NotNil(t, p)
+
+				assert.Equal(t, d.Version, p.Vars["NVIDIA_DRIVER_VERSION"])
+				assert.Equal(t, r.Pkgs, p.Vars["PKGS_VERSION"])
+				assert.Equal(t, r.Kernel, p.Vars["KERNEL_VERSION"])
+				assert.Equal(t, extension.ModuleKind(f.Modules).License(), p.Vars["NVIDIA_MODULES_LICENSE"], "the license nvidia.ko of this kind declares")
+				// siderolabs/pkgs names the images of the two kinds so (nvidia-gpu/nvidia-modules and
+				// nonfree/kmod-nvidia in siderolabs/extensions pull them).
+				kindImage := map[string]string{"open": "nvidia-open-gpu-kernel-modules-", "proprietary": "nonfree-kmod-nvidia-"}[f.Modules] + f.Branch + "-pkg"
+				assert.Contains(t, tr.Images(f.Name), "ghcr.io/siderolabs/"+kindImage+":"+r.Pkgs, "kernel modules of the flavor's kind, signed for this release")
+				assert.Contains(t, tr.Images(f.Name), "cgr.dev/chainguard/wolfi-base@"+r.WolfiBaseRef)
+
+				us := tr.Pkg("nvidia-userspace-" + f.Branch)
+				require.NotNil(t, us)
+				assert.Contains(t, p.Dependencies, recipes.Dependency{Stage: us.Name})
+				require.Len(t, us.Steps[0].Sources, 2)
+				assert.Equal(t, recipes.Source{
+					URL:         "https://developer.download.nvidia.com/compute/nvidia-driver/redist/nvidia_driver/linux-x86_64/nvidia_driver-linux-x86_64-" + d.Version + "-archive.tar.xz",
+					Destination: "nvidia.tar.xz", SHA256: d.SHA256, SHA512: d.SHA512,
+				}, us.Steps[0].Sources[0])
+				assert.Equal(t, recipes.Source{
+					URL:         "https://developer.download.nvidia.com/compute/nvidia-driver/redist/fabricmanager/linux-x86_64/fabricmanager-linux-x86_64-" + d.Version + "-archive.tar.xz",
+					Destination: "fabricmanager.tar.xz", SHA256: d.FabricManagerSHA256, SHA512: d.FabricManagerSHA512,
+				}, us.Steps[0].Sources[1])
+
+				var m extensions.Manifest
+				require.NoError(t, yaml.Unmarshal(p.Templates["manifest.yaml"], &m))
+				assert.Equal(t, f.Name, m.Metadata.Name)
+				assert.Equal(t, d.Version+"-"+r.Talos, m.Metadata.Version)
+				assert.Equal(t, "= "+r.Talos, m.Metadata.Compatibility.Talos.Version)
+
+				ext := extensions.New(t.TempDir(), f.Name, m)
+				this := semver.MustParse(strings.TrimPrefix(r.Talos, "v"))
+				next := this
+				next.Patch++
+
+				assert.NoError(t, ext.Validate(extensions.WithValidateConstraints(), extensions.WithTalosVersion(&this)))
+				assert.Error(t, ext.Validate(extensions.WithValidateConstraints(), extensions.WithTalosVersion(&next)), "modules are signed for one Talos build")
+			})
+		}
+	}
+}
+
+// TestReleaseDataIsEnforced: a release without data, or a pkgs version other than the
+// release's, stops bldr at load time with a message that says why.
+func TestReleaseDataIsEnforced(t *testing.T) {
+	rs := releases(t)
+
+	for _, tc := range []struct {
+		args map[string]string
+		want string
+	}{
+		{map[string]string{"TALOS_VERSION": "v1.14.1"}, "Talos v1.14.1: no release data here; supported: v1.13.9 v1.13.5"},
+		{map[string]string{"PKGS": "v1.13.0-36-g6b315f7"}, "--build-arg PKGS=v1.13.0-36-g6b315f7, but Talos v1.13.9 is built from pkgs " + rs[0].Pkgs},
+	} {
+		_, err := recipes.Load(testutil.RepoRoot(t), recipes.Options{BuildArgs: tc.args})
+		require.Error(t, err)
+		assert.Contains(t, err.Error(), tc.want)
+	}
+}
+
+// TestValidatorsAreTheReleases': the project validates with the Talos code of the machinery
+// module in go.mod. For that to stand for each release, the extension validation code
+// (pkg/machinery/extensions) must be the same file for file in the release's module.
+func TestValidatorsAreTheReleases(t *testing.T) {
+	out, err := exec.Command("go", "list", "-m", "-f", "{{.Dir}}", recipes.MachineryModule).Output()
+	require.NoError(t, err)
+
+	ours := strings.TrimSpace(string(out))
+
+	for _, r := range releases(t) {
+		m, err := recipes.DownloadMachinery(r.Talos)
+		require.NoError(t, err)
+
+		assert.Equal(t, filesUnder(t, filepath.Join(ours, "extensions")), filesUnder(t, filepath.Join(m.Dir, "extensions")),
+			"machinery %s validates extensions differently from go.mod's %s: validate with the release's code", r.Talos, ours)
+	}
+}
+
+// TestReleaseImagesPassTalosValidators assembles, for each release and flavor, the image
+// that make extension assembles from a payload (the Debian subroot, with kernel modules of
+// the flavor's kind carrying its .modinfo) under the flavor's manifest, and validates it as
+// the recipe's test step does, with Talos's validators for that release.
+func TestReleaseImagesPassTalosValidators(t *testing.T) {
+	testutil.RequireRoot(t)
+
+	const kver = "6.18.44-talos"
+
+	for _, r := range releases(t) {
+		tr := load(t, map[string]string{"TALOS_VERSION": r.Talos})
+
+		for _, f := range recipes.Flavors() {
+			t.Run(r.Talos+"/"+f.Name, func(t *testing.T) {
+				var m extension.Manifest
+				require.NoError(t, yaml.Unmarshal(tr.Pkg(f.Name).Templates["manifest.yaml"], &m))
+
+				o := testutil.DevExtension(t)
+				o.Name, o.Version, o.TalosVersion = m.Metadata.Name, m.Metadata.Version, r.Talos
+				o.TalosConstraint, o.Author, o.Description = m.Metadata.Compatibility.Talos.Version, m.Metadata.Author, m.Metadata.Description
+				o.Modules, o.ModuleKind = t.TempDir(), extension.ModuleKind(f.Modules)
+
+				payload := "535.309.01" // the Debian subroot's userspace
+				extras := filepath.Join(o.Modules, kver, "extras")
+				testutil.KernelModule(t, extras, "nvidia", payload, f.License)
+				testutil.KernelModule(t, extras, "nvidia-uvm", payload, f.License)
+				testutil.KernelModule(t, extras, "nvidia-peermem", payload, "Linux-OpenIB")
+
+				res, err := extension.Assemble(quiet(), o)
+				require.NoError(t, err)
+				assert.Equal(t, payload, res.DriverVersion)
+				require.NoError(t, extension.ValidateRelease(res.Dir, r.Talos, o.ModuleKind, payload))
+
+				other := map[string]extension.ModuleKind{"open": extension.ModulesProprietary, "proprietary": extension.ModulesOpen}[f.Modules]
+				assert.ErrorContains(t, extension.ValidateRelease(res.Dir, r.Talos, other, payload), "nvidia.ko: license")
+			})
+		}
+	}
+}
+
+func quiet() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
+
+// filesUnder lists the files under dir with their contents.
+func filesUnder(t *testing.T, dir string) map[string]string {
+	t.Helper()
+
+	out := map[string]string{}
+
+	require.NoError(t, filepath.WalkDir(dir, func(p string, d os.DirEntry, err error) error {
+		if err != nil || d.IsDir() {
+			return err
+		}
+
+		data, err := os.ReadFile(p)
+		rel, _ := filepath.Rel(dir, p)
+		out[rel] = string(bytes.TrimSpace(data))
+
+		return err
+	}))
+
+	return out
+}
