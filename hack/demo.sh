@@ -28,6 +28,9 @@ log=$host/service.log
 
 echo "== simulated node: $gpus, MIG layout $layout, host root $host (private mount namespace)"
 echo "== starting: nvidia-driver run"
+# A node's binary lies on a read-only squashfs; a freshly built one has dirty page-cache
+# pages, which the kernel does not page out when the service releases its memory.
+sync
 NVIDIA_DRIVER_HOST_ROOT=$host NVIDIA_DRIVER_SUBROOT=$subroot NVIDIA_DRIVER_SIMULATE=$gpus \
   NVIDIA_DRIVER_MIG_LAYOUT=$layout \
   NVIDIA_DRIVER_PERSISTENCED=false \

@@ -139,6 +139,10 @@ service_start() {
     sleep 0.1
   done
 }
+# On a node the service's files lie on a read-only squashfs; here they were just copied or
+# built, and the kernel does not page out dirty page-cache pages: write them back first, or
+# the idle RSS below would count pages a node never keeps.
+sync
 start=$(date +%s%N)
 service_start "$W/service.log"
 echo "== service log"; sed 's/^/  /' "$W/service.log"
