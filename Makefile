@@ -69,6 +69,8 @@ extension: build
 	go run ./hack/extension -out $(OUT) $(EXTENSION_FLAGS)
 
 # HARNESS_FLAGS: e.g. -extension _out/extensions/nvidia-driver-dev-host -env NVIDIA_DRIVER_PERSISTENCE_MODE=false -until ready,failed
+# (-env/-config make the ExtensionServiceConfig, which the service waits for).
+HARNESS_FLAGS ?= -env NVIDIA_DRIVER_LOG_LEVEL=info
 harness: deps extension
 	go run ./hack/harness $(HARNESS_FLAGS)
 

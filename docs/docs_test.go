@@ -67,19 +67,23 @@ func workerConfig(t *testing.T) *generate.Input {
 // applyPatch loads a patch the way talosctl does, merges it onto a worker config and
 // validates the result strictly; the nvidia-driver service's settings in it are checked
 // with the service's own loader and its MIG layout file with the MIG package's parser.
-func applyPatch(t *testing.T, input *generate.Input, data []byte) patched {
+func applyPatch(t *testing.T, input *generate.Input, data ...[]byte) patched {
 	t.Helper()
-	// Talos's loader, strict about unknown fields.
-	_, err := configloader.NewFromBytes(data, configloader.WithAllowPatchDelete())
-	require.NoError(t, err)
-	patch, err := configpatcher.LoadPatch(data)
-	require.NoError(t, err)
-	_, isStrategic := patch.(configpatcher.StrategicMergePatch)
-	require.True(t, isStrategic, "a strategic merge patch")
+	patches := make([]configpatcher.Patch, 0, len(data))
+	for _, d := range data {
+		// Talos's loader, strict about unknown fields.
+		_, err := configloader.NewFromBytes(d, configloader.WithAllowPatchDelete())
+		require.NoError(t, err)
+		patch, err := configpatcher.LoadPatch(d)
+		require.NoError(t, err)
+		_, isStrategic := patch.(configpatcher.StrategicMergePatch)
+		require.True(t, isStrategic, "a strategic merge patch")
+		patches = append(patches, patch)
+	}
 
 	base, err := input.Config(machine.TypeWorker)
 	require.NoError(t, err)
-	out, err := configpatcher.Apply(configpatcher.WithConfig(base), []configpatcher.Patch{patch})
+	out, err := configpatcher.Apply(configpatcher.WithConfig(base), patches)
 	require.NoError(t, err)
 	cfg, err := out.Config()
 	require.NoError(t, err)
@@ -133,6 +137,8 @@ func TestMachineConfigPatches(t *testing.T) {
 	}{
 		"gpu-worker.patch.yaml": {check: func(t *testing.T, p patched) {
 			assert.Equal(t, []string{"nvidia", "nvidia_uvm", "nvidia_drm", "nvidia_modeset"}, p.modules)
+			// The service waits for its ExtensionServiceConfig (depends: configuration).
+			assert.Equal(t, []string{"NVIDIA_DRIVER_LOG_LEVEL=info"}, p.env["nvidia-driver"])
 			// deploy/'s DaemonSets select on this label (siderolabs/talos#12103).
 			assert.Contains(t, p.labels, "nvidia.com/gpu.present=true")
 		}},
@@ -144,6 +150,9 @@ func TestMachineConfigPatches(t *testing.T) {
 			assert.Contains(t, p.env["nvidia-driver"], "NVIDIA_DRIVER_MIG_LAYOUT=inference-h100")
 		}},
 	}
+
+	worker, err := os.ReadFile("examples/gpu-worker.patch.yaml")
+	require.NoError(t, err)
 
 	seen := 0
 	for _, path := range examples {
@@ -161,6 +170,11 @@ func TestMachineConfigPatches(t *testing.T) {
 			if c.gpu == "" {
 				return
 			}
+			// A MIG patch goes onto a GPU worker, which already has the service's document:
+			// the two merge into one.
+			p = applyPatch(t, input, worker, data)
+			c.check(t, p)
+			assert.Contains(t, p.env["nvidia-driver"], "NVIDIA_DRIVER_LOG_LEVEL=info")
 			svc, err := config.Load(p.env["nvidia-driver"])
 			require.NoError(t, err)
 			layouts, err := mig.Parse([]byte(p.files["nvidia-driver"][svc.MIGConfig]))

@@ -28,6 +28,9 @@ log=$host/service.log
 
 echo "== simulated node: $gpus, MIG layout $layout, host root $host (private mount namespace)"
 echo "== starting: nvidia-driver run"
+# A node's binary lies on a read-only squashfs; a freshly built one has dirty page-cache
+# pages, which the kernel does not page out when the service releases its memory.
+sync
 NVIDIA_DRIVER_HOST_ROOT=$host NVIDIA_DRIVER_SUBROOT=$subroot NVIDIA_DRIVER_SIMULATE=$gpus \
   NVIDIA_DRIVER_MIG_LAYOUT=$layout \
   NVIDIA_DRIVER_PERSISTENCED=false \
@@ -56,7 +59,9 @@ echo "== CDI spec $host/run/cdi/nvidia.yaml, devices:"
 grep -E '^    - name:' "$host/run/cdi/nvidia.yaml" | sed 's/^ *- name: //' | tr -d '"' | fmt -w 100 | sed 's/^/  /' 
 echo "== status ($host/run/nvidia-driver/status.json), GPUs shortened"
 grep -vE '^ {6}"(busId|minor|memoryMiB|index|uuid|layout|changed)"' "$host/run/nvidia-driver/status.json"
-echo "== idle memory of the service after bring-up: $(awk '/VmRSS/{print $2, $3}' /proc/$pid/status)"
+sleep 1
+before=$(grep -o 'rssBeforeKiB=[0-9]*' "$log" | tail -1 | cut -d= -f2)
+echo "== idle RSS of the service, 1 s after ready: $(awk '/VmRSS/{print $2, $3}' /proc/$pid/status) (at ready, before releasing the bring-up's memory: ${before:-?} kB)"
 
 echo
 echo "== stopping with SIGTERM"

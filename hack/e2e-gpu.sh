@@ -139,6 +139,10 @@ service_start() {
     sleep 0.1
   done
 }
+# On a node the service's files lie on a read-only squashfs; here they were just copied or
+# built, and the kernel does not page out dirty page-cache pages: write them back first, or
+# the idle RSS below would count pages a node never keeps.
+sync
 start=$(date +%s%N)
 service_start "$W/service.log"
 echo "== service log"; sed 's/^/  /' "$W/service.log"
@@ -180,7 +184,15 @@ echo "$o" | grep -q '^ro,' && ! echo "$o" | grep -q nodev && [ "$(stat -c %d:%i 
 result "/run/nvidia/driver/dev is the host's /dev, read-only, nodes open" $r
 [ -S /run/nvidia/driver/run/nvidia-persistenced/socket ] && r=PASS || r=FAIL
 result "persistenced socket visible under the driver root" $r
-echo "  service RSS after bring-up: $(awk '/VmRSS/{print $2, $3}' /proc/$spid/status)"
+# Idle memory: the service's RSS a second after ready, and, from its own log line, its RSS at
+# ready before it released the bring-up's memory (NVML shut down, Go and C heaps trimmed,
+# file pages paged out): what it kept idle before it did so. Bound: 16 MiB.
+sleep 1
+idle=$(awk '/VmRSS/{print $2}' /proc/$spid/status)
+before=$(grep -o 'rssBeforeKiB=[0-9]*' "$W/service.log" | tail -1 | cut -d= -f2)
+echo "  idle RSS: ${idle} kB (at ready, before releasing the bring-up's memory: ${before:-?} kB)"
+[ -n "$idle" ] && [ "$idle" -le 16384 ] && r=PASS || r=FAIL
+result "idle RSS ${idle} kB <= 16384 kB (16 MiB); before release ${before:-?} kB" $r
 
 # ---- specs -------------------------------------------------------------------------------
 echo "== compare our spec with nvidia-ctk's"

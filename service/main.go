@@ -18,6 +18,7 @@ import (
 	"github.com/talos-nvidia/nvidia-driver/pkg/config"
 	"github.com/talos-nvidia/nvidia-driver/pkg/driverroot"
 	migcli "github.com/talos-nvidia/nvidia-driver/pkg/mig/cli"
+	"github.com/talos-nvidia/nvidia-driver/pkg/node"
 )
 
 // version is set by the build (-X main.version=...).
@@ -128,17 +129,12 @@ func runService(stderr io.Writer) int {
 	env, simulated := takeSimulation(os.Environ())
 
 	cfg, err := config.Load(env)
-	if err != nil {
-		// Nothing has been touched. Exit non-zero so that `talosctl service` shows the
-		// failure; the configuration can only change with a new ExtensionServiceConfig,
-		// which restarts the service anyway.
-		fmt.Fprintln(stderr, err)
-
-		return 2
-	}
-
 	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: cfg.LogLevel}))
 	log.Info("starting", "version", version, "subroot", cfg.Subroot, "hostRoot", cfg.HostRoot)
+
+	if err != nil {
+		return waitOnInvalidConfig(ctx, log, cfg, err)
+	}
 	logSettings(log, cfg)
 
 	serveFn := serve
@@ -158,6 +154,25 @@ func runService(stderr io.Writer) int {
 		return 1
 	}
 
+	log.Info("stopped")
+
+	return 0
+}
+
+// waitOnInvalidConfig reports a configuration that did not load, once, in the log and the
+// status file, and waits for SIGTERM without touching the node. Exiting would be a crash loop:
+// Talos restarts a `restart: always` service that exits, whatever its code, and only a new
+// ExtensionServiceConfig (which restarts the service) can change the configuration.
+func waitOnInvalidConfig(ctx context.Context, log *slog.Logger, cfg config.Config, err error) int {
+	log.Error("not starting: the configuration is invalid; nothing was changed, waiting for a corrected ExtensionServiceConfig", "error", err, "phase", node.PhaseFailed)
+
+	if cfg.HostRoot == "" {
+		log.Warn("no status file written: the host root is not known")
+	} else if werr := node.ReportInvalidConfig(cfg.StatusFile(), cfg.Subroot, err); werr != nil {
+		log.Error("cannot write the status file", "error", werr)
+	}
+
+	<-ctx.Done()
 	log.Info("stopped")
 
 	return 0

@@ -137,13 +137,21 @@ func TestBrokenSubrootFailsAndChangesNothing(t *testing.T) {
 	assert.Equal(t, 0, o.ExitCode, "exits 0 on SIGTERM, so Talos does not count a failure")
 }
 
-func TestBadConfigurationExitsWithoutChanges(t *testing.T) {
-	o := run(t, scenario{Env: map[string]string{"NVIDIA_DRIVER_PERSISTENCE_MODE": "sometimes"}, Delay: 300 * time.Millisecond})
+// TestBadConfigurationIsReportedAndWaits: a configuration that does not load is reported once,
+// in the log and the status file, and the service then waits for SIGTERM and exits 0 (an
+// exit would be restarted by Talos's `restart: always`, in a loop), having touched nothing.
+func TestBadConfigurationIsReportedAndWaits(t *testing.T) {
+	o := run(t, scenario{Env: map[string]string{"NVIDIA_DRIVER_PERSISTENCE_MODE": "sometimes"}, Until: "failed"})
 
-	assert.NotEqual(t, 0, o.ExitCode)
-	assert.Contains(t, o.Log, `NVIDIA_DRIVER_PERSISTENCE_MODE: "sometimes" is not a boolean`)
+	const want = `NVIDIA_DRIVER_PERSISTENCE_MODE: \"sometimes\" is not a boolean`
+
+	assert.Equal(t, "failed", o.Phase, "still running, and says so: %s", o.Log)
+	assert.Contains(t, o.Message, `NVIDIA_DRIVER_PERSISTENCE_MODE: "sometimes" is not a boolean`)
+	assert.Equal(t, 1, strings.Count(o.Log, want), "reported once:\n%s", o.Log)
+	assert.Equal(t, 0, o.ExitCode, "exits 0 on SIGTERM")
 	assert.False(t, o.Mounted)
 	assert.Empty(t, o.DevEntries)
+	assert.False(t, o.Ready)
 }
 
 // TestProductHasNoSimulator: the simulated NVML (and go-nvml's mocks, which panic on calls
@@ -157,11 +165,24 @@ func TestProductHasNoSimulator(t *testing.T) {
 	assert.NotContains(t, string(out), "nvidia-driver/pkg/gpu/sim\n")
 	assert.NotContains(t, string(out), "go-nvml/pkg/nvml/mock")
 
+	// A bad configuration is reported and waited on (TestBadConfigurationIsReportedAndWaits).
+	host := t.TempDir()
+	var msg strings.Builder
 	cmd := exec.Command(testutil.ServiceBinary(t), "run")
-	cmd.Env = []string{"NVIDIA_DRIVER_SIMULATE=h200:1", "NVIDIA_DRIVER_HOST_ROOT=" + t.TempDir()}
-	msg, err := cmd.CombinedOutput()
-	require.Error(t, err)
-	assert.Contains(t, string(msg), "unknown variable NVIDIA_DRIVER_SIMULATE")
+	cmd.Env = []string{"NVIDIA_DRIVER_SIMULATE=h200:1", "NVIDIA_DRIVER_HOST_ROOT=" + host}
+	cmd.Stdout, cmd.Stderr = &msg, &msg
+	require.NoError(t, cmd.Start())
+
+	status := filepath.Join(host, "run/nvidia-driver/status.json")
+	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+		if st, err := readJSON(status); err == nil && st["phase"] == "failed" {
+			break
+		}
+	}
+
+	require.NoError(t, cmd.Process.Signal(syscall.SIGTERM))
+	require.NoError(t, cmd.Wait(), "exits 0 on SIGTERM: %s", msg.String())
+	assert.Contains(t, msg.String(), "unknown variable NVIDIA_DRIVER_SIMULATE")
 }
 
 // TestSIGTERMDuringBringUp stops the service at many moments of its bring-up: it must exit 0

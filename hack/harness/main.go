@@ -3,7 +3,12 @@
 // host side saw. It changes nothing on the machine.
 //
 //	go run ./hack/harness [-extension DIR] [-env K=V ...] [-config MOUNTPATH=FILE ...]
+//	                      [-document-after 2s] [-then restart|change|remove] [-then-env K=V ...]
+//	                      [-override NODEPATH=FILE ...]
 //	                      [-until waiting,ready,failed] [-wait 60s] [-hold 3s] [-json]
+//
+// -env and -config make the service's ExtensionServiceConfig; without either the node has
+// none, and Talos keeps the service waiting for it.
 //
 // On a GPU host, build the payload from the host's driver first:
 //
@@ -20,6 +25,7 @@ import (
 	"io"
 	"os"
 	"os/exec"
+	"sort"
 	"strings"
 	"time"
 
@@ -41,7 +47,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("harness", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 
-	var env, configs list
+	var env, configs, overrides, thenEnv list
 
 	ext := fs.String("extension", "_out/extensions/nvidia-driver-dev-debian", "assembled extension directory (make extension)")
 	fs.Var(&env, "env", "ExtensionServiceConfig environment entry K=V (repeatable)")
@@ -50,6 +56,10 @@ func run(args []string, stdout, stderr io.Writer) int {
 	wait := fs.Duration("wait", 60*time.Second, "longest wait for -until")
 	hold := fs.Duration("hold", 3*time.Second, "watch the service this long after -until before stopping it")
 	afterReady := fs.String("after-ready", "", "shell command to run while the service is ready (e.g. hack/e2e-workload.sh)")
+	docAfter := fs.Duration("document-after", 0, "boot without the ExtensionServiceConfig and add it this long after the service started")
+	then := fs.String("then", "", "once -until and -hold are over: restart (stop and start the service), change (apply -then-env as a change of the document) or remove (delete the document); then wait for -until again and stop")
+	fs.Var(&thenEnv, "then-env", "environment of the changed document for -then change (repeatable)")
+	fs.Var(&overrides, "override", "bind LOCALFILE over NODEPATH once the extension is laid: NODEPATH=LOCALFILE (repeatable)")
 	runc := fs.String("runc", "runc", "runc binary")
 	asJSON := fs.Bool("json", false, "print the result as JSON")
 
@@ -61,16 +71,16 @@ func run(args []string, stdout, stderr io.Writer) int {
 		return reexec(args, stderr)
 	}
 
+	configFiles, err := pairs("-config", "MOUNTPATH=LOCALFILE", configs)
+	if err != nil {
+		fmt.Fprintln(stderr, "harness:", err)
+
+		return 2
+	}
+
 	files := map[string]string{}
 
-	for _, c := range configs {
-		mountPath, local, ok := strings.Cut(c, "=")
-		if !ok {
-			fmt.Fprintf(stderr, "harness: -config %q: want MOUNTPATH=LOCALFILE\n", c)
-
-			return 2
-		}
-
+	for mountPath, local := range configFiles {
 		data, err := os.ReadFile(local)
 		if err != nil {
 			fmt.Fprintln(stderr, "harness:", err)
@@ -81,6 +91,18 @@ func run(args []string, stdout, stderr io.Writer) int {
 		files[mountPath] = string(data)
 	}
 
+	var doc *harness.Document
+	if len(env) > 0 || len(files) > 0 {
+		doc = &harness.Document{Files: files, Environment: env}
+	}
+
+	over, err := pairs("-override", "NODEPATH=LOCALFILE", overrides)
+	if err != nil {
+		fmt.Fprintln(stderr, "harness:", err)
+
+		return 2
+	}
+
 	runcPath, err := exec.LookPath(*runc)
 	if err != nil {
 		fmt.Fprintln(stderr, "harness: runc not found (hack/install-test-deps.sh installs it):", err)
@@ -89,8 +111,9 @@ func run(args []string, stdout, stderr io.Writer) int {
 	}
 
 	res, err := harness.Run(harness.Options{
-		Extension: *ext, ConfigFiles: files, Environment: env, Until: strings.Split(*until, ","),
-		Wait: *wait, Hold: *hold, AfterReady: *afterReady, Work: os.Getenv(envInside), Runc: runcPath, Log: stderr,
+		Extension: *ext, Document: doc, DocumentAfter: *docAfter, Until: strings.Split(*until, ","),
+		Wait: *wait, Hold: *hold, Then: *then, ThenDocument: &harness.Document{Environment: thenEnv}, Overrides: over, AfterReady: *afterReady,
+		Work: os.Getenv(envInside), Runc: runcPath, Log: stderr,
 	})
 	if err != nil {
 		fmt.Fprintln(stderr, "harness:", err)
@@ -109,6 +132,22 @@ func run(args []string, stdout, stderr io.Writer) int {
 	printSummary(stdout, res)
 
 	return 0
+}
+
+// pairs splits each K=V value of a repeatable flag.
+func pairs(flag, form string, values []string) (map[string]string, error) {
+	out := map[string]string{}
+
+	for _, v := range values {
+		k, val, ok := strings.Cut(v, "=")
+		if !ok {
+			return nil, fmt.Errorf("%s %q: want %s", flag, v, form)
+		}
+
+		out[k] = val
+	}
+
+	return out, nil
 }
 
 // reexec runs this program again in a private mount namespace, with a scratch directory.
@@ -168,10 +207,38 @@ func printSummary(w io.Writer, r harness.Result) {
 	if r.AfterReadyExit != nil {
 		fmt.Fprintf(w, "after ready        command exit code %d\n", *r.AfterReadyExit)
 	}
-	if r.ExitedByItself {
-		fmt.Fprintf(w, "exit               by itself, code %d (Talos restarts it: restart always)\n", r.ExitCode)
-	} else {
-		fmt.Fprintf(w, "stop               SIGTERM -> exit %d in %d ms\n", r.ExitCode, r.StopMillis)
+	fmt.Fprintf(w, "peer groups        %s\n", peerGroups(r.PeerGroups))
+	fmt.Fprintf(w, "socket dir mounts  %d while running, %d after stop\n", r.SocketDir, r.SocketDirAfterStop)
+	fmt.Fprintf(w, "containers started %d; exited by themselves with codes %v (each restarted after 5 s: restart always)\n", r.Starts, r.Exits)
+	fmt.Fprintf(w, "stop               SIGTERM to every process -> exit %d in %d ms\n", r.ExitCode, r.StopMillis)
+	if r.Second != nil {
+		fmt.Fprintf(w, "then               %s: %s; socket dir mounts %d; stop: exit %d in %d ms\n",
+			r.Second.Phase, r.Second.Message, r.Second.SocketDir, r.Second.ExitCode, r.Second.StopMillis)
 	}
+	fmt.Fprintf(w, "talos events:\n  %s\n", strings.Join(r.Events, "\n  "))
 	fmt.Fprintf(w, "log (%d waiting line(s)):\n%s", r.WaitingLogLines, r.Log)
+	if r.Second != nil {
+		fmt.Fprintf(w, "log after -then:\n%s", r.Second.Log)
+	}
+}
+
+func peerGroups(m map[string]string) string {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+
+	sort.Strings(keys)
+
+	parts := make([]string, 0, len(keys))
+	for _, k := range keys {
+		v := m[k]
+		if v == "" {
+			v = "not shared"
+		}
+
+		parts = append(parts, k+" "+v)
+	}
+
+	return strings.Join(parts, ", ")
 }

@@ -152,7 +152,7 @@ func run() error {
 	if len(lat) > 0 {
 		s := slices.Clone(lat)
 		slices.Sort(s)
-		fmt.Printf("kill -9 to ready:  min %s  p50 %s  max %s  (%d kills)\n",
+		fmt.Printf("kill -9 to ready:  min %s  p50 %s  max %s  (%d kills; includes the supervisor's 500 ms RestartDelay)\n",
 			s[0].Round(time.Millisecond), s[len(s)/2].Round(time.Millisecond), s[len(s)-1].Round(time.Millisecond), len(s))
 	}
 	fmt.Printf("clean stop:        %s\n", stopTook.Round(time.Millisecond))

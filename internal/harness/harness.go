@@ -22,15 +22,25 @@ import (
 type Options struct {
 	// Extension is an assembled extension directory (manifest.yaml and rootfs/).
 	Extension string
-	// Config is the ExtensionServiceConfig: files by mount path, and environment.
-	ConfigFiles map[string]string
-	Environment []string
-	// Until lists the service phases (status.json) to wait for before stopping it; the wait
-	// also ends when the service exits by itself.
+	// Document is the service's ExtensionServiceConfig; nil: the node has none.
+	Document *Document
+	// DocumentAfter, when positive, boots the node without the document and adds it this
+	// long after the service was started (a document applied to a running node).
+	DocumentAfter time.Duration
+	// Until lists the service phases (status.json) to wait for before stopping it.
 	Until []string
 	// Wait bounds the wait for Until; Hold is how long to watch the service after it, to see
 	// that it does not exit or repeat itself.
 	Wait, Hold time.Duration
+	// Then is what happens once the service reached Until and was watched for Hold:
+	// "" stops it; ThenRestart stops and starts it (`talosctl service ext-nvidia-driver
+	// restart`); ThenChange applies ThenDocument as a change of the document; ThenRemove
+	// deletes the document. The last three report the next run in Result.Second, then stop.
+	Then         string
+	ThenDocument *Document
+	// Overrides bind local files over node paths once the extension is laid, e.g. the fake
+	// daemon over the subroot's nvidia-persistenced where no GPU driver can run the real one.
+	Overrides map[string]string
 	// Work is a scratch directory (a tmpfs is mounted on it).
 	Work string
 	// Runc is the runc binary.
@@ -65,6 +75,37 @@ type Result struct {
 	CapabilityCount  int            `json:"capabilities"`
 	RootfsPropagates string         `json:"rootfsPropagation"`
 	AfterReadyExit   *int           `json:"afterReadyExit,omitempty"`
+
+	// HostRoot is the service's host root (NVIDIA_DRIVER_HOST_ROOT of the document, "/"
+	// by default): the paths above are looked up under it.
+	HostRoot string `json:"hostRoot"`
+	// Starts counts the containers Talos started; Exits holds the codes of those that
+	// exited by themselves (each one restarted after 5 s: restart: always).
+	Starts int   `json:"starts"`
+	Exits  []int `json:"exits,omitempty"`
+	// Events is what Talos's side did, in order.
+	Events []string `json:"talosEvents,omitempty"`
+	// PeerGroups: the shared:N peer group of /, of /usr/local/glibc and of the driver root,
+	// as the host sees them ("" where not shared or not mounted).
+	PeerGroups map[string]string `json:"peerGroups,omitempty"`
+	// SocketDir and SocketDirAfterStop: mounts at the persistenced socket directory under
+	// the driver root, seen from the host, while ready and after the stop.
+	SocketDir          int `json:"socketDirMounts"`
+	SocketDirAfterStop int `json:"socketDirMountsAfterStop"`
+	// ContainerRun lists /run as the running service sees it.
+	ContainerRun []string `json:"containerRun,omitempty"`
+	// Second is the run after Then.
+	Second *Rerun `json:"second,omitempty"`
+}
+
+// Rerun is what the host saw of the service started again.
+type Rerun struct {
+	Phase      string `json:"phase"`
+	Message    string `json:"message"`
+	SocketDir  int    `json:"socketDirMounts"`
+	StopMillis int64  `json:"stopMillis"`
+	ExitCode   int    `json:"exitCode"`
+	Log        string `json:"log"` // its part of the log
 }
 
 // MountState is a mount seen from the host side.
@@ -77,18 +118,25 @@ const (
 	runcID      = "ext-nvidia-driver"
 	statusPath  = "/run/nvidia-driver/status.json"
 	driverMount = "/run/nvidia/driver"
-	// stopGrace is Talos's: SIGTERM, then SIGKILL after 10 s.
-	stopGrace = 10 * time.Second
+	subrootPath = "/usr/local/glibc"
+	socketDir   = "run/nvidia-persistenced" // under the driver root
 )
 
-// Run lays the extension over the host paths, runs its service under runc as Talos would,
-// waits, stops it with SIGTERM, and reports. It must run as root in a private mount
-// namespace (see cmd hack/harness): it mounts over /usr/local, /usr/bin, /run and /dev.
+// Run lays the extension over the host paths of a node modelled on Talos, runs its service
+// under runc as Talos would (talos.go), waits, stops it as Talos does, and reports. It must
+// run as root in a private mount namespace (see cmd hack/harness), where it makes / shared as
+// on Talos and mounts over /usr/local, /usr/bin, /run and /dev.
 func Run(o Options) (Result, error) {
 	var res Result
 
 	if err := requirePrivateNamespace(); err != nil {
 		return res, err
+	}
+
+	// Talos mounts its root shared (internal/app/init/main.go: the root overlay with
+	// mount.WithShared()); the namespace is private, so nothing propagates off this machine.
+	if err := unix.Mount("", "/", "", unix.MS_SHARED|unix.MS_REC, ""); err != nil {
+		return res, fmt.Errorf("making / shared: %w", err)
 	}
 
 	if err := os.MkdirAll(o.Work, 0o755); err != nil {
@@ -104,6 +152,10 @@ func Run(o Options) (Result, error) {
 		return res, err
 	}
 
+	if err := override(o.Overrides); err != nil {
+		return res, err
+	}
+
 	specPath := filepath.Join("/", extension.ServiceSpecPath, extension.ServiceName+".yaml")
 
 	svc, err := extension.LoadServiceSpec(specPath)
@@ -113,20 +165,7 @@ func Run(o Options) (Result, error) {
 
 	res.Service = "ext-" + svc.Name
 	res.DependsMet, res.DependsUnmet = dependencies(svc)
-
-	cfg, err := writeServiceConfig(o.Work, svc.Name, o.ConfigFiles, o.Environment)
-	if err != nil {
-		return res, err
-	}
-
-	// Talos's extension runner: missing mount sources are created 0700.
-	for _, m := range svc.Container.Mounts {
-		if _, err := os.Stat(m.Source); errors.Is(err, os.ErrNotExist) {
-			if err := os.MkdirAll(m.Source, 0o700); err != nil {
-				return res, err
-			}
-		}
-	}
+	res.HostRoot = hostRoot(o.Document)
 
 	// Talos's PreFunc: an overlay over the service's rootfs, so that runc can make its mount
 	// points in a rootfs that is read-only.
@@ -135,17 +174,13 @@ func Run(o Options) (Result, error) {
 		return res, err
 	}
 
-	spec, err := Spec(svc, cfg, "/nvidia-driver-harness/"+svc.Name)
+	// Talos's cgroup is /system/extensions/<name>. One per run here: `runc kill --all`
+	// signals every process in the container's cgroup, so two runs at once must not share it.
+	cgroup := "/nvidia-driver-harness/" + svc.Name + "-" + filepath.Base(o.Work)
+
+	spec, err := Spec(svc, ServiceConfig{}, cgroup)
 	if err != nil {
 		return res, err
-	}
-
-	// Talos sets -600; lowering a score needs CAP_SYS_RESOURCE, which a build container may
-	// lack. The harness's own process (it dies with the run) tells whether it is allowed.
-	if err := os.WriteFile("/proc/self/oom_score_adj", []byte("-600"), 0o644); err != nil {
-		fmt.Fprintf(o.Log, "harness: cannot lower the OOM score here (%v): runs without Talos's oomScoreAdj -600\n", err)
-
-		spec.Process.OOMScoreAdj = nil
 	}
 
 	res.CapabilityCount = len(spec.Process.Capabilities.Bounding)
@@ -157,20 +192,6 @@ func Run(o Options) (Result, error) {
 		}
 	}
 
-	bundle := filepath.Join(o.Work, "bundle")
-	if err := os.MkdirAll(bundle, 0o755); err != nil {
-		return res, err
-	}
-
-	data, err := json.MarshalIndent(spec, "", "  ")
-	if err != nil {
-		return res, err
-	}
-
-	if err := os.WriteFile(filepath.Join(bundle, "config.json"), data, 0o644); err != nil {
-		return res, err
-	}
-
 	logPath := filepath.Join(o.Work, "service.log")
 
 	logFile, err := os.Create(logPath)
@@ -179,65 +200,49 @@ func Run(o Options) (Result, error) {
 	}
 	defer logFile.Close() //nolint:errcheck
 
-	runcRoot := filepath.Join(o.Work, "runc")
-	cmd := exec.Command(o.Runc, "--root", runcRoot, "run", "--bundle", bundle, runcID)
-	cmd.Stdin, cmd.Stdout, cmd.Stderr = nil, logFile, logFile
+	node := &talosNode{svc: svc, runc: o.Runc, work: o.Work, log: o.Log, logFile: logFile, cfgGroup: cgroup}
 
 	fmt.Fprintf(o.Log, "harness: starting %s with runc (rootfs %s, propagation %q, %d capabilities, seccomp %d syscalls)\n",
 		res.Service, ctrRoot, res.RootfsPropagates, res.CapabilityCount, res.SeccompSyscalls)
 
 	start := time.Now()
 
-	if err := cmd.Start(); err != nil {
-		return res, fmt.Errorf("starting runc: %w", err)
+	bootDoc := o.Document
+	if o.DocumentAfter > 0 {
+		bootDoc = nil
 	}
 
-	exited := make(chan error, 1)
-	go func() { exited <- cmd.Wait() }()
+	if err := node.boot(bootDoc); err != nil {
+		return res, err
+	}
 
-	var waitErr error
+	if o.DocumentAfter > 0 && o.Document != nil {
+		time.Sleep(o.DocumentAfter)
 
-	done := false
-	deadline := time.Now().Add(o.Wait)
-
-	for !done && time.Now().Before(deadline) {
-		if st, err := readJSON(statusPath); err == nil {
-			if res.StartMillis == 0 {
-				res.StartMillis = time.Since(start).Milliseconds()
-			}
-
-			res.Status = st
-			res.Phase, _ = st["phase"].(string)     //nolint:errcheck // absent is ""
-			res.Message, _ = st["message"].(string) //nolint:errcheck
-
-			if contains(o.Until, res.Phase) {
-				break
-			}
-		}
-
-		select {
-		case waitErr = <-exited:
-			done = true
-		case <-time.After(20 * time.Millisecond):
+		if err := node.setDocument(o.Document); err != nil {
+			return res, err
 		}
 	}
 
-	if !done {
-		// Watch it a while: a crash loop would exit here (Talos would restart it).
-		select {
-		case waitErr = <-exited:
-			done = true
-		case <-time.After(o.Hold):
-		}
+	h := hostView{root: res.HostRoot}
+
+	res.Phase, res.Message, res.Status = h.waitFor(o.Until, o.Wait)
+	if res.Phase != "" && res.StartMillis == 0 {
+		res.StartMillis = time.Since(start).Milliseconds()
 	}
 
-	if st, err := readJSON(statusPath); err == nil {
+	// Watch it a while: a crash loop would show here as more starts.
+	time.Sleep(o.Hold)
+
+	if st, err := readJSON(h.path(statusPath)); err == nil {
 		res.Status = st
 		res.Phase, _ = st["phase"].(string)     //nolint:errcheck
 		res.Message, _ = st["message"].(string) //nolint:errcheck
 	}
 
-	if o.AfterReady != "" && !done && res.Phase == "ready" {
+	res.ContainerRun = node.containerRun()
+
+	if o.AfterReady != "" && res.Phase == "ready" {
 		cmd := exec.Command("bash", "-c", o.AfterReady)
 		cmd.Stdout, cmd.Stderr = o.Log, o.Log
 
@@ -254,54 +259,169 @@ func Run(o Options) (Result, error) {
 		res.AfterReadyExit = &code
 	}
 
-	res.DriverRoot = mountState(driverMount)
-	res.DevEntries = dirNames("/dev")
-	res.CDISpec = exists("/run/cdi/nvidia.yaml")
-	res.ReadyFile = exists("/run/nvidia/validations/nvidia-driver.ready")
-
-	if done {
-		res.ExitedByItself = true
-	} else {
-		stopStart := time.Now()
-
-		if out, err := exec.Command(o.Runc, "--root", runcRoot, "kill", "--all", runcID, "TERM").CombinedOutput(); err != nil {
-			fmt.Fprintf(o.Log, "harness: runc kill TERM: %v: %s\n", err, out)
-		}
-
-		select {
-		case waitErr = <-exited:
-		case <-time.After(stopGrace):
-			fmt.Fprintln(o.Log, "harness: no exit within 10 s of SIGTERM: SIGKILL, as Talos would")
-			exec.Command(o.Runc, "--root", runcRoot, "kill", "--all", runcID, "KILL").Run() //nolint:errcheck
-
-			waitErr = <-exited
-		}
-
-		res.StopMillis = time.Since(stopStart).Milliseconds()
+	res.DriverRoot = mountState(h.path(driverMount))
+	res.DevEntries = dirNames(h.path("/dev"))
+	res.CDISpec = exists(h.path("/run/cdi/nvidia.yaml"))
+	res.ReadyFile = exists(h.path("/run/nvidia/validations/nvidia-driver.ready"))
+	res.SocketDir = mountCount(filepath.Join(h.path(driverMount), socketDir))
+	res.PeerGroups = map[string]string{
+		"/": peerGroup("/"), subrootPath: peerGroup(subrootPath), h.path(driverMount): peerGroup(h.path(driverMount)),
 	}
 
-	var ee *exec.ExitError
-	if errors.As(waitErr, &ee) {
-		res.ExitCode = ee.ExitCode()
-	} else if waitErr != nil {
-		return res, waitErr
+	firstLog, err := then(node, o)
+	if err != nil {
+		return res, err
 	}
 
-	exec.Command(o.Runc, "--root", runcRoot, "delete", "--force", runcID).Run() //nolint:errcheck // gone already when run returned
+	if r := node.lastStopped(); r != nil {
+		res.StopMillis, res.ExitCode = r.stopMillis, r.exitCode
+	}
 
-	res.DriverRootAfter = mountState(driverMount)
+	res.DriverRootAfter = mountState(h.path(driverMount))
+	res.SocketDirAfterStop = mountCount(filepath.Join(h.path(driverMount), socketDir))
 
-	logData, _ := os.ReadFile(logPath) //nolint:errcheck
-	res.Log = string(logData)
+	if o.Then != "" {
+		second := &Rerun{}
+		if o.Then != ThenRemove {
+			second.Phase, second.Message, _ = h.waitFor(o.Until, o.Wait)
+		}
+
+		second.SocketDir = mountCount(filepath.Join(h.path(driverMount), socketDir))
+
+		if r := node.stop(); r != nil {
+			second.StopMillis, second.ExitCode = r.stopMillis, r.exitCode
+		}
+
+		all, _ := os.ReadFile(logPath) //nolint:errcheck
+		second.Log = strings.TrimPrefix(string(all), firstLog)
+		res.Second = second
+	}
+
+	node.mu.Lock()
+	res.Starts, res.Exits, res.Events = node.starts, node.exits, node.events
+	node.mu.Unlock()
+
+	res.ExitedByItself = len(res.Exits) > 0
+	if res.ExitedByItself && res.StopMillis == 0 {
+		res.ExitCode = res.Exits[len(res.Exits)-1]
+	}
+
+	res.Log = firstLog
 	res.WaitingLogLines = strings.Count(res.Log, "phase=waiting")
 
 	return res, nil
 }
 
+// What Options.Then can do.
+const (
+	ThenRestart = "restart"
+	ThenChange  = "change"
+	ThenRemove  = "remove"
+)
+
+// then stops the service as Options.Then says, and starts it again where it says so. It
+// returns the log up to the stop; after it, the node's last stopped run is the first.
+func then(node *talosNode, o Options) (firstLog string, err error) {
+	log := func() string {
+		data, _ := os.ReadFile(node.logFile.Name()) //nolint:errcheck // scratch
+
+		return string(data)
+	}
+
+	switch o.Then {
+	case "":
+		node.stop()
+
+		return log(), nil
+	case ThenRestart:
+		node.stop()
+		firstLog = log()
+		node.start()
+
+		return firstLog, nil
+	case ThenChange, ThenRemove:
+		// The controller stops the service itself; the log up to its restart is the first
+		// run's: the new container appends after it.
+		node.onStop = func() { firstLog = log() }
+
+		if o.Then == ThenRemove {
+			node.removeDocument()
+		} else if err := node.setDocument(o.ThenDocument); err != nil {
+			return "", err
+		}
+
+		return firstLog, nil
+	default:
+		return "", fmt.Errorf("then %q: want %s, %s or %s", o.Then, ThenRestart, ThenChange, ThenRemove)
+	}
+}
+
+// hostView looks at the node under the service's host root.
+type hostView struct{ root string }
+
+func (h hostView) path(p string) string { return filepath.Join(h.root, p) }
+
+// waitFor polls the status file until its phase is one of until, or wait passes.
+func (h hostView) waitFor(until []string, wait time.Duration) (phase, msg string, st map[string]any) {
+	for deadline := time.Now().Add(wait); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+		s, err := readJSON(h.path(statusPath))
+		if err != nil {
+			continue
+		}
+
+		st = s
+		phase, _ = s["phase"].(string) //nolint:errcheck // absent is ""
+		msg, _ = s["message"].(string) //nolint:errcheck
+
+		if contains(until, phase) {
+			return phase, msg, st
+		}
+	}
+
+	return phase, msg, st
+}
+
+// hostRoot is the service's host root: its NVIDIA_DRIVER_HOST_ROOT, or /. A simulated node
+// keeps it under /run/nvidia, which the service YAML binds rshared, so the host sees it.
+func hostRoot(doc *Document) string {
+	if doc != nil {
+		for _, kv := range doc.Environment {
+			if v, ok := strings.CutPrefix(kv, "NVIDIA_DRIVER_HOST_ROOT="); ok {
+				return v
+			}
+		}
+	}
+
+	return "/"
+}
+
+// override binds each local file over a node path.
+func override(files map[string]string) error {
+	for target, local := range files {
+		if err := unix.Mount(local, target, "", unix.MS_BIND, ""); err != nil {
+			return fmt.Errorf("binding %s over %s: %w", local, target, err)
+		}
+	}
+
+	return nil
+}
+
+func writeBundle(dir string, spec any) error {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return err
+	}
+
+	data, err := json.MarshalIndent(spec, "", "  ")
+	if err != nil {
+		return err
+	}
+
+	return os.WriteFile(filepath.Join(dir, "config.json"), data, 0o644)
+}
+
 // layExtension puts the extension's files where a Talos node has them, as read-only
 // overlays whose upper layer is the extension (Talos merges extensions the same way), over
-// /usr/local and /usr/bin; /run and /dev become throwaway tmpfs mounts (/run shared, as on
-// a node, so that the service's mounts reach it).
+// /usr/local and /usr/bin; /run and /dev become throwaway tmpfs mounts.
 func layExtension(work, rootfs string) error {
 	for _, dir := range []string{"usr/local", "usr/bin"} {
 		src := filepath.Join(rootfs, dir)
@@ -315,12 +435,16 @@ func layExtension(work, rootfs string) error {
 		}
 	}
 
-	if err := unix.Mount("tmpfs", "/run", "tmpfs", unix.MS_NOSUID|unix.MS_NODEV, "mode=0755"); err != nil {
+	// Talos's /run (internal/pkg/mount/v3/helpers.go, PseudoLate): a tmpfs, nosuid, noexec,
+	// relatime, mode 0755; shared, as every mount made under its shared root is.
+	if err := unix.Mount("tmpfs", "/run", "tmpfs", unix.MS_NOSUID|unix.MS_NOEXEC|unix.MS_RELATIME, "mode=0755"); err != nil {
 		return fmt.Errorf("mounting a throwaway /run: %w", err)
 	}
 
-	if err := unix.Mount("", "/run", "", unix.MS_SHARED, ""); err != nil {
-		return fmt.Errorf("making /run shared: %w", err)
+	// What else a node keeps there, which the service has no business seeing: containerd's
+	// socket directory (Talos's system containerd is under /run/containerd).
+	if err := os.MkdirAll("/run/containerd", 0o711); err != nil {
+		return err
 	}
 
 	return throwawayDev(work)
@@ -338,6 +462,12 @@ func throwawayDev(work string) error {
 		return fmt.Errorf("keeping a handle on /dev: %w", err)
 	}
 	defer unix.Unmount(real, unix.MNT_DETACH) //nolint:errcheck // a scratch mount
+
+	// With / shared the handle would be a peer of /dev: the tmpfs mounted on /dev would
+	// appear on it too, and unmounting it would take the tmpfs off /dev again.
+	if err := unix.Mount("", real, "", unix.MS_PRIVATE, ""); err != nil {
+		return fmt.Errorf("making the handle on /dev private: %w", err)
+	}
 
 	if err := unix.Mount("tmpfs", "/dev", "tmpfs", unix.MS_NOSUID, "mode=0755"); err != nil {
 		return fmt.Errorf("mounting a throwaway /dev: %w", err)
@@ -391,28 +521,6 @@ func overlay(scratch, target string, lowers []string, writable bool) error {
 	return nil
 }
 
-// writeServiceConfig does what Talos's ExtensionServiceConfigFilesController does: each file
-// is written 0644 under <work>/system/overlays/extensions/<service>/.
-func writeServiceConfig(work, service string, files map[string]string, env []string) (ServiceConfig, error) {
-	cfg := ServiceConfig{Environment: env}
-	base := filepath.Join(work, "system/overlays/extensions")
-
-	for mountPath, content := range files {
-		p := ConfigFileName(base, service, mountPath)
-		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
-			return cfg, err
-		}
-
-		if err := os.WriteFile(p, []byte(content), 0o644); err != nil {
-			return cfg, err
-		}
-
-		cfg.Files = append(cfg.Files, ConfigFile{Source: p, MountPath: mountPath})
-	}
-
-	return cfg, nil
-}
-
 // dependencies says which of the service's path dependencies hold on this host. Talos
 // would keep the service waiting on an unmet one; the harness reports it and runs the
 // service anyway, to exercise its own wait.
@@ -449,6 +557,44 @@ func requirePrivateNamespace() error {
 	}
 
 	return nil
+}
+
+func mountCount(path string) int {
+	infos, err := mountinfo.GetMounts(mountinfo.SingleEntryFilter(path))
+	if err != nil {
+		return 0
+	}
+
+	return len(infos)
+}
+
+// peerGroup is the shared:N of the mount that holds path (the topmost, innermost one).
+func peerGroup(path string) string {
+	infos, err := mountinfo.GetMounts(nil)
+	if err != nil {
+		return ""
+	}
+
+	var holder *mountinfo.Info
+
+	for _, i := range infos {
+		inside := i.Mountpoint == "/" || path == i.Mountpoint || strings.HasPrefix(path, i.Mountpoint+"/")
+		if inside && (holder == nil || len(i.Mountpoint) >= len(holder.Mountpoint)) {
+			holder = i
+		}
+	}
+
+	if holder == nil {
+		return ""
+	}
+
+	for _, f := range strings.Fields(holder.Optional) {
+		if strings.HasPrefix(f, "shared:") {
+			return f
+		}
+	}
+
+	return ""
 }
 
 func mountState(path string) MountState {

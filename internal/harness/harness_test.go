@@ -7,6 +7,8 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
+	"strings"
 	"sync"
 	"testing"
 
@@ -20,26 +22,30 @@ import (
 
 // The harness runs the service from nothing but the extension's files, under runc, with the
 // OCI spec Talos would give it, and looks from the host side. The extension is assembled
-// from the working tree's service (so a stale _out never passes) and the Debian subroot.
+// from the working tree's service (so a stale _out never passes) and the Debian subroot:
+// the product build, or the demo build (-tags simulate) for the runs on simulated GPUs.
 
-var (
-	extOnce sync.Once
-	extWork string
-	extDir  string
-	extErr  error
-)
+type assembly struct {
+	once      sync.Once
+	work, dir string
+	err       error
+}
+
+var product, demo assembly
 
 func TestMain(m *testing.M) {
 	code := m.Run()
 
-	if extWork != "" {
-		os.RemoveAll(extWork) //nolint:errcheck // scratch
+	for _, a := range []*assembly{&product, &demo} {
+		if a.work != "" {
+			os.RemoveAll(a.work) //nolint:errcheck // scratch
+		}
 	}
 
 	os.Exit(code)
 }
 
-func assembled(t *testing.T) string {
+func assembled(t *testing.T, a *assembly) string {
 	t.Helper()
 	testutil.RequireRoot(t)
 
@@ -65,22 +71,26 @@ func assembled(t *testing.T) string {
 	}
 
 	bin := testutil.ServiceBinary(t)
+	if a == &demo {
+		bin = testutil.DemoBinary(t)
+	}
+
 	subroot := testutil.Subroot(t)
 
-	extOnce.Do(func() {
+	a.once.Do(func() {
 		work, err := os.MkdirTemp("", "harness-ext-")
 		if err != nil {
-			extErr = err
+			a.err = err
 
 			return
 		}
 
-		extWork = work
+		a.work = work
 
 		ctr := filepath.Join(work, "ctr")
 
 		if o, err := exec.Command(filepath.Join(top, "hack/stage-service-rootfs.sh"), bin, ctr).CombinedOutput(); err != nil {
-			extErr = err
+			a.err = err
 			t.Logf("%s", o)
 
 			return
@@ -93,20 +103,26 @@ func assembled(t *testing.T) string {
 			Hook: filepath.Join(out, "bin/nvidia-cdi-hook"), Ldconfig: filepath.Join(out, "bin/ldconfig"),
 			OutDir: filepath.Join(work, "out"),
 		})
-		extDir, extErr = res.Dir, err
+		a.dir, a.err = res.Dir, err
 	})
 
-	require.NoError(t, extErr)
+	require.NoError(t, a.err)
 
-	return extDir
+	return a.dir
 }
 
 // run builds the harness command and runs it (it re-executes itself in a private mount
-// namespace).
+// namespace) on the product build, or on the demo build when the document names
+// NVIDIA_DRIVER_SIMULATE.
 func run(t *testing.T, args ...string) harness.Result {
 	t.Helper()
 
-	ext := assembled(t)
+	a := &product
+	if slices.ContainsFunc(args, func(s string) bool { return strings.HasPrefix(s, "NVIDIA_DRIVER_SIMULATE=") }) {
+		a = &demo
+	}
+
+	ext := assembled(t, a)
 	top := testutil.RepoRoot(t)
 
 	bin := filepath.Join(t.TempDir(), "harness")
@@ -126,8 +142,23 @@ func run(t *testing.T, args ...string) harness.Result {
 	return res
 }
 
+// minimal is the document of docs/examples/gpu-worker.patch.yaml: the service waits for one.
+var minimal = []string{"-env", "NVIDIA_DRIVER_LOG_LEVEL=info"}
+
+// simulated is a document for a node of simulated GPUs (the demo build of the service) whose
+// host root lies under /run/nvidia, which the service binds rshared, so that the host side
+// sees what it does.
+func simulated(extra ...string) []string {
+	args := []string{
+		"-env", "NVIDIA_DRIVER_SIMULATE=h200:1", "-env", "NVIDIA_DRIVER_HOST_ROOT=/run/nvidia/sim",
+		"-env", "NVIDIA_DRIVER_CDI=false",
+	}
+
+	return append(args, extra...)
+}
+
 func TestServiceWaitsForTheDriverAndStopsCleanly(t *testing.T) {
-	res := run(t, "-until", "waiting,ready,failed", "-hold", "3s")
+	res := run(t, append(minimal, "-until", "waiting,ready,failed", "-hold", "3s")...)
 
 	if len(res.DependsMet) > 0 {
 		t.Skip("this host has an NVIDIA driver loaded: the CI case is for hosts without one")
@@ -140,6 +171,7 @@ func TestServiceWaitsForTheDriverAndStopsCleanly(t *testing.T) {
 	assert.Equal(t, "waiting", res.Phase, res.Log)
 	assert.Contains(t, res.Message, "waiting for the nvidia kernel module")
 	assert.False(t, res.ExitedByItself, "no crash loop: it is still running after the hold:\n%s", res.Log)
+	assert.Equal(t, 1, res.Starts)
 	assert.Equal(t, 1, res.WaitingLogLines, "the wait is reported once:\n%s", res.Log)
 
 	assert.Equal(t, harness.MountState{Mounted: true, ReadOnly: true}, res.DriverRoot, "the driver root reaches the host, read-only")
@@ -147,9 +179,108 @@ func TestServiceWaitsForTheDriverAndStopsCleanly(t *testing.T) {
 
 	assert.Equal(t, 0, res.ExitCode, res.Log)
 	assert.Less(t, res.StopMillis, int64(10000), "inside Talos's 10 s grace")
+	assert.Equal(t, []string{"cdi", "nvidia", "nvidia-driver", "nvidia-fabricmanager", "nvidia-persistenced"}, res.ContainerRun,
+		"of the host's /run the service sees only what it uses")
 	assert.False(t, res.CDISpec)
 	assert.NotContains(t, res.DevEntries, "nvidiactl")
 	t.Logf("status after %d ms; SIGTERM to exit: %d ms", res.StartMillis, res.StopMillis)
+}
+
+// TestDriverRootHasItsOwnPeerGroup: / is shared, as Talos mounts it, and so is
+// /usr/local/glibc; the driver root is shared too (it reaches the host's /run) but in a peer
+// group of its own, so nothing propagates between it and either of them.
+func TestDriverRootHasItsOwnPeerGroup(t *testing.T) {
+	res := run(t, append(minimal, "-until", "waiting,ready,failed", "-hold", "0s")...)
+
+	groups := res.PeerGroups
+	root, subroot, driver := groups["/"], groups["/usr/local/glibc"], groups["/run/nvidia/driver"]
+
+	require.NotEmpty(t, root, "/ is shared, as on Talos: %v", groups)
+	require.NotEmpty(t, subroot, "/usr/local/glibc is shared: %v", groups)
+	require.NotEmpty(t, driver, "the driver root is shared: %v\n%s", groups, res.Log)
+	assert.NotEqual(t, root, driver, "not a peer of /")
+	assert.NotEqual(t, subroot, driver, "not a peer of /usr/local/glibc")
+}
+
+// TestServiceWaitsForItsConfiguration: without an ExtensionServiceConfig Talos never starts
+// the service (depends: configuration).
+func TestServiceWaitsForItsConfiguration(t *testing.T) {
+	res := run(t, "-until", "waiting,ready,failed", "-wait", "2s", "-hold", "0s")
+
+	assert.Equal(t, 0, res.Starts, "Talos holds it until the document exists")
+	assert.Contains(t, res.Events, "Waiting for extension service config")
+	assert.False(t, res.DriverRoot.Mounted)
+}
+
+// TestFirstDocumentReachesRunningService: the node booted without the document and gets it
+// later, the normal way to add a MIG layout. Talos does not restart a running service for a
+// document at version "1"; the service must have waited for it, and apply it.
+func TestFirstDocumentReachesRunningService(t *testing.T) {
+	res := run(t, simulated("-env", "NVIDIA_DRIVER_PERSISTENCED=false", "-env", "NVIDIA_DRIVER_MIG_LAYOUT=all-balanced",
+		"-document-after", "2s", "-until", "ready,failed", "-wait", "30s", "-hold", "0s")...)
+
+	require.Equal(t, "ready", res.Phase, "%v\n%s", res.Events, res.Log)
+	assert.Contains(t, res.Message, `MIG layout "all-balanced": success`)
+	assert.Equal(t, 1, res.Starts, "started once, with its document: %v", res.Events)
+	assert.Contains(t, res.Events, "service running and config at version 1: no restart (it is assumed to wait for its configuration)")
+}
+
+// TestTalosStopKeepsTheSocketMount: the service runs nvidia-persistenced (the fake daemon in
+// place of the subroot's, which needs a GPU driver) and is stopped as Talos stops it, every
+// process signalled at once. No daemon is started during the stop, the socket directory
+// mounted under the driver root stays, and the next start reuses it.
+func TestTalosStopKeepsTheSocketMount(t *testing.T) {
+	fake := filepath.Join(t.TempDir(), "fakedaemon")
+	build := exec.Command("go", "build", "-o", fake, "./pkg/daemons/internal/fakedaemon")
+	build.Dir = testutil.RepoRoot(t)
+	build.Env = append(os.Environ(), "CGO_ENABLED=0")
+	out, err := build.CombinedOutput()
+	require.NoError(t, err, "%s", out)
+
+	res := run(t, simulated("-override", "/usr/local/glibc/usr/bin/nvidia-persistenced="+fake,
+		"-until", "ready,failed", "-wait", "30s", "-hold", "1s", "-then", "restart")...)
+
+	require.Equal(t, "ready", res.Phase, res.Log)
+	assert.Equal(t, 1, res.SocketDir, "the socket directory is mounted under the driver root, seen from the host")
+	assert.Equal(t, 1, strings.Count(res.Log, "msg=ready daemon=nvidia-persistenced"), res.Log)
+	assert.NotContains(t, res.Log, "restarting", "no daemon started during the stop")
+	assert.Equal(t, 0, res.ExitCode, res.Log)
+	assert.Equal(t, 1, res.SocketDirAfterStop, "the socket mount stays: containers' specs point at it")
+
+	require.NotNil(t, res.Second)
+	assert.Equal(t, "ready", res.Second.Phase, res.Second.Log)
+	assert.Contains(t, res.Second.Log, "run dir mirrored", res.Second.Log)
+	assert.Contains(t, res.Second.Log, "result=reused", "the next start reuses it")
+	assert.Equal(t, 1, res.Second.SocketDir, "reused, not stacked")
+	assert.Equal(t, 0, res.Second.ExitCode)
+}
+
+// TestChangedDocumentRestartsTheService: a change (version 2) stops and starts the service,
+// which comes up with the new settings.
+func TestChangedDocumentRestartsTheService(t *testing.T) {
+	res := run(t, simulated("-env", "NVIDIA_DRIVER_PERSISTENCED=false", "-until", "ready,failed", "-wait", "30s", "-hold", "0s",
+		"-then", "change", "-then-env", "NVIDIA_DRIVER_SIMULATE=h200:1", "-then-env", "NVIDIA_DRIVER_HOST_ROOT=/run/nvidia/sim",
+		"-then-env", "NVIDIA_DRIVER_CDI=false", "-then-env", "NVIDIA_DRIVER_PERSISTENCED=false", "-then-env", "NVIDIA_DRIVER_MIG_LAYOUT=all-1g")...)
+
+	require.Equal(t, "ready", res.Phase, res.Log)
+	assert.NotContains(t, res.Message, "MIG layout")
+	require.NotNil(t, res.Second)
+	assert.Equal(t, "ready", res.Second.Phase, res.Second.Log)
+	assert.Contains(t, res.Second.Message, `MIG layout "all-1g": success`)
+	assert.Equal(t, 2, res.Starts, "%v", res.Events)
+	assert.Contains(t, res.Events, "extension service config changed, restarting")
+}
+
+// TestRemovedDocumentRestartsTheService: removing the document restarts the service, which
+// then waits for a new one; what running containers use stays.
+func TestRemovedDocumentRestartsTheService(t *testing.T) {
+	res := run(t, append(minimal, "-until", "waiting,ready,failed", "-hold", "0s", "-then", "remove")...)
+
+	assert.Equal(t, 1, res.Starts, "restarted, and waiting for a document: %v", res.Events)
+	assert.Contains(t, res.Events, "extension service config changed, restarting")
+	assert.Equal(t, "Waiting for extension service config", res.Events[len(res.Events)-1], "%v", res.Events)
+	assert.Equal(t, 0, res.ExitCode, res.Log)
+	assert.Equal(t, harness.MountState{Mounted: true, ReadOnly: true}, res.DriverRootAfter)
 }
 
 func TestBadConfigurationIsReportedAndChangesNothing(t *testing.T) {
@@ -157,49 +288,48 @@ func TestBadConfigurationIsReportedAndChangesNothing(t *testing.T) {
 	require.NoError(t, os.WriteFile(badMIG, []byte("version: v1\nmig-configs:\n  half:\n    - devices: all\n      mig-enabled: true\n      mig-devices: {\"9g.999gb\": 1}\n"), 0o644))
 
 	cases := []struct {
-		name      string
-		args      []string
-		exits     bool
-		want      []string
-		wantPhase string
+		name string
+		args []string
+		hold string
+		want []string
 	}{
 		{
-			name:      "MIG layout file with an error",
-			args:      []string{"-config", "/etc/nvidia-driver/mig.yaml=" + badMIG, "-env", "NVIDIA_DRIVER_MIG_LAYOUT=half"},
-			wantPhase: "failed",
-			want:      []string{"/etc/nvidia-driver/mig.yaml", "9g.999gb"},
+			name: "MIG layout file with an error",
+			args: []string{"-config", "/etc/nvidia-driver/mig.yaml=" + badMIG, "-env", "NVIDIA_DRIVER_MIG_LAYOUT=half"},
+			want: []string{"/etc/nvidia-driver/mig.yaml", "9g.999gb"},
 		},
 		{
-			name:      "unknown MIG layout",
-			args:      []string{"-env", "NVIDIA_DRIVER_MIG_LAYOUT=no-such-layout"},
-			wantPhase: "failed",
-			want:      []string{`no layout "no-such-layout"`},
+			name: "unknown MIG layout",
+			args: []string{"-env", "NVIDIA_DRIVER_MIG_LAYOUT=no-such-layout"},
+			want: []string{`no layout "no-such-layout"`},
 		},
 		{
-			name:  "bad environment variable",
-			args:  []string{"-env", "NVIDIA_DRIVER_PERSISTENCE_MODE=sometimes"},
-			exits: true,
-			want:  []string{`NVIDIA_DRIVER_PERSISTENCE_MODE: "sometimes" is not a boolean`},
+			// Held past Talos's 5 s restart interval: an exit would show as a second start.
+			name: "bad environment variable",
+			args: []string{"-env", "NVIDIA_DRIVER_PERSISTENCE_MODE=sometimes"},
+			hold: "6s",
+			want: []string{`NVIDIA_DRIVER_PERSISTENCE_MODE: "sometimes" is not a boolean`},
 		},
 	}
 
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			res := run(t, append([]string{"-until", "failed,ready", "-wait", "15s", "-hold", "1s"}, tc.args...)...)
+			hold := tc.hold
+			if hold == "" {
+				hold = "1s"
+			}
 
-			all := res.Message + "\n" + res.Log
+			res := run(t, append([]string{"-until", "failed,ready", "-wait", "15s", "-hold", hold}, tc.args...)...)
+
 			for _, w := range tc.want {
-				assert.Contains(t, all, w)
+				assert.Contains(t, res.Message, w, "the status file says what is wrong")
 			}
 
-			if tc.exits {
-				assert.True(t, res.ExitedByItself)
-				assert.NotEqual(t, 0, res.ExitCode)
-			} else {
-				assert.Equal(t, tc.wantPhase, res.Phase, res.Log)
-				assert.False(t, res.ExitedByItself, "reported and waited on, not a crash loop")
-				assert.Equal(t, 0, res.ExitCode)
-			}
+			assert.Equal(t, "failed", res.Phase, res.Log)
+			assert.Equal(t, 1, strings.Count(res.Log, "level=ERROR"), "reported once:\n%s", res.Log)
+			assert.False(t, res.ExitedByItself, "reported and waited on, not a crash loop: %v", res.Events)
+			assert.Equal(t, 1, res.Starts, "no restart loop: %v", res.Events)
+			assert.Equal(t, 0, res.ExitCode)
 
 			assert.False(t, res.DriverRoot.Mounted, "nothing mounted")
 			assert.False(t, res.ReadyFile)

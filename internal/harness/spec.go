@@ -45,8 +45,9 @@ func ConfigFileName(base, service, mountPath string) string {
 // runner/containerd): containerd's default spec for linux, then the process, hosts and
 // resolv.conf, no new privileges, the OOM score, the cgroup, then the service's rootfs
 // (/usr/local/lib/containers/<name>), root propagation, mounts (the YAML's, then the
-// ExtensionServiceConfig files read-only), the host network, all grantable capabilities,
-// all devices allowed, the environment, a read-only rootfs unless writeable, and
+// ExtensionServiceConfig files read-only), the host network and IPC namespaces, all
+// grantable capabilities, all devices allowed, the environment, no rlimits of its own, a
+// read-only rootfs unless writeable, and
 // containerd's default seccomp profile last. cgroupPath replaces Talos's
 // /system/extensions/<name>, which a test machine does not have.
 func Spec(svc services.Spec, cfg ServiceConfig, cgroupPath string) (*specs.Spec, error) {
@@ -72,11 +73,18 @@ func Spec(svc services.Spec, cfg ServiceConfig, cgroupPath string) (*specs.Spec,
 		withRootfsPropagation(svc.Container.Security.RootfsPropagation),
 		oci.WithMounts(mounts),
 		oci.WithHostNamespace(specs.NetworkNamespace),
+		oci.WithHostNamespace(specs.IPCNamespace),
 		oci.WithSelinuxLabel(""),
 		oci.WithApparmorProfile(""),
 		oci.WithCapabilities(allGrantableCapabilities()),
 		oci.WithAllDevicesAllowed,
 		oci.WithEnv(env),
+		// Rlimits are inherited from machined through containerd.
+		func(_ context.Context, _ oci.Client, _ *containers.Container, s *oci.Spec) error {
+			s.Process.Rlimits = nil
+
+			return nil
+		},
 	}
 
 	if !svc.Container.Security.WriteableRootfs {

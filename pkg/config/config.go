@@ -109,6 +109,9 @@ func settings() []setting {
 }
 
 // Load reads the configuration from environ (os.Environ() form) and the file it names.
+// With an error, it still returns what it could read (defaults where a value was bad), so
+// that the service can log at the level asked for and write its status where the node looks
+// for it; HostRoot is then empty if the host root itself was not given right.
 func Load(environ []string) (Config, error) {
 	var (
 		errs []error
@@ -117,6 +120,7 @@ func Load(environ []string) (Config, error) {
 	)
 
 	env := map[string]string{}
+	bad := map[string]bool{} // keys given a value that was refused
 
 	for _, kv := range environ {
 		k, v, _ := strings.Cut(kv, "=")
@@ -161,6 +165,7 @@ func Load(environ []string) (Config, error) {
 
 		if err := s.set(&c, v.value); err != nil {
 			errs = append(errs, fmt.Errorf("%s:%d: %s: %w", path, v.line, v.key, err))
+			bad[s.key] = true
 
 			continue
 		}
@@ -190,6 +195,7 @@ func Load(environ []string) (Config, error) {
 
 		if err := s.set(&c, env[name]); err != nil {
 			errs = append(errs, fmt.Errorf("environment: %s: %w", name, err))
+			bad[s.key] = true
 
 			continue
 		}
@@ -198,7 +204,11 @@ func Load(environ []string) (Config, error) {
 	}
 
 	if len(errs) > 0 {
-		return Config{}, fmt.Errorf("invalid configuration:\n%w", errors.Join(errs...))
+		if bad["hostRoot"] {
+			c.HostRoot = ""
+		}
+
+		return c, fmt.Errorf("invalid configuration:\n%w", errors.Join(errs...))
 	}
 
 	return c, nil

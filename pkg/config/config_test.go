@@ -109,3 +109,27 @@ func TestExplicitFileMustExist(t *testing.T) {
 	_, err := config.Load([]string{config.EnvConfigFile + "=/nonexistent/config.yaml"})
 	require.ErrorContains(t, err, "reading configuration file: open /nonexistent/config.yaml")
 }
+
+// TestInvalidConfigurationStillSaysWhereToReport: with an error, Load returns the settings
+// it could read, so that the service logs at the asked level and writes its failed status
+// under the host root; a host root it was not given right is left empty.
+func TestInvalidConfigurationStillSaysWhereToReport(t *testing.T) {
+	cases := []struct {
+		name     string
+		env      []string
+		hostRoot string
+		level    slog.Level
+	}{
+		{"bad boolean", []string{"NVIDIA_DRIVER_HOST_ROOT=/tmp/node", "NVIDIA_DRIVER_LOG_LEVEL=debug", "NVIDIA_DRIVER_CDI=maybe"}, "/tmp/node", slog.LevelDebug},
+		{"bad host root", []string{"NVIDIA_DRIVER_HOST_ROOT=relative"}, "", slog.LevelInfo},
+	}
+
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			c, err := load(t, "version: v1alpha1\n", tc.env...)
+			require.Error(t, err)
+			assert.Equal(t, tc.hostRoot, c.HostRoot)
+			assert.Equal(t, tc.level, c.LogLevel)
+		})
+	}
+}

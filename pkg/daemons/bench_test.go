@@ -14,7 +14,8 @@ import (
 // BenchmarkKillToReady measures the time from SIGKILL of a ready daemon to the
 // supervisor reporting the restarted daemon ready (default options, except a
 // StableAfter that lets every kill count as the death of a stable daemon, so
-// no backoff is added: what is measured is detection, clean-up and restart).
+// no backoff is added: what is measured is detection, the RestartDelay of
+// 500 ms, clean-up and restart).
 //
 //	go test ./pkg/daemons -run '^$' -bench KillToReady -benchtime 50x
 func BenchmarkKillToReady(b *testing.B) {

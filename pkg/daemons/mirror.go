@@ -5,45 +5,49 @@ import (
 	"os"
 	"path/filepath"
 
+	"github.com/moby/sys/mountinfo"
 	"golang.org/x/sys/unix"
+)
+
+// What mirror did.
+const (
+	mirrorMounted  = "mounted"
+	mirrorReused   = "reused"   // an earlier run's mirror already showed src
+	mirrorReplaced = "replaced" // an earlier mirror showed something else (a removed run dir)
 )
 
 // mirror bind-mounts src onto dst (an existing directory, typically inside the
 // read-only driver root) unless dst already shows src. A bind mount onto a
 // directory of a read-only mount is allowed; it reaches the host and the
 // containers that mount the driver root when dst's parent mount is shared
-// (the driver root is mounted with shared propagation).
-func mirror(src, dst string) (mounted bool, err error) {
-	src, err = filepath.EvalSymlinks(src)
+// (the driver root is mounted with shared propagation). The mirror is never
+// unmounted: containers' CDI specs point at the socket through it.
+func mirror(src, dst string) (string, error) {
+	src, err := filepath.EvalSymlinks(src)
 	if err != nil {
-		return false, fmt.Errorf("mirror %s: %w", dst, err)
+		return "", fmt.Errorf("mirror %s: %w", dst, err)
 	}
 	same, err := sameDir(src, dst)
 	if err != nil {
-		return false, fmt.Errorf("mirror %s onto %s: %w", src, dst, err)
+		return "", fmt.Errorf("mirror %s onto %s: %w", src, dst, err)
 	}
 	if same {
-		return false, nil
+		return mirrorReused, nil
+	}
+	result := mirrorMounted
+	if mounted, err := mountinfo.Mounted(dst); err != nil {
+		return "", fmt.Errorf("mirror %s onto %s: %w", src, dst, err)
+	} else if mounted {
+		// Never stack: detach what an earlier run left, then bind.
+		if err := unix.Unmount(dst, unix.MNT_DETACH); err != nil {
+			return "", fmt.Errorf("detach the earlier mirror at %s: %w", dst, err)
+		}
+		result = mirrorReplaced
 	}
 	if err := unix.Mount(src, dst, "", unix.MS_BIND, ""); err != nil {
-		return false, fmt.Errorf("bind-mount %s onto %s: %w", src, dst, err)
+		return "", fmt.Errorf("bind-mount %s onto %s: %w", src, dst, err)
 	}
-	return true, nil
-}
-
-// unmirror undoes mirror, only if dst still shows src.
-func unmirror(src, dst string) error {
-	src, err := filepath.EvalSymlinks(src)
-	if err != nil {
-		return fmt.Errorf("unmirror %s: %w", dst, err)
-	}
-	if same, err := sameDir(src, dst); err != nil || !same {
-		return err
-	}
-	if err := unix.Unmount(dst, unix.MNT_DETACH); err != nil {
-		return fmt.Errorf("unmount %s: %w", dst, err)
-	}
-	return nil
+	return result, nil
 }
 
 func sameDir(a, b string) (bool, error) {

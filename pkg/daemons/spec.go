@@ -31,8 +31,8 @@ type Spec struct {
 	Foreground bool
 	// RunDir is where the daemon keeps its pid file and socket. The supervisor
 	// creates it before the first start (so that the daemon never removes it,
-	// which keeps MirrorDir's bind mount valid) and removes it on stop if it
-	// created it and it is empty.
+	// which keeps MirrorDir's bind mount valid) and, without a MirrorDir,
+	// removes it on stop if it created it and it is empty.
 	RunDir string
 	// PIDFile is the daemon's pid file. The daemon holds a POSIX (lockf) lock on it
 	// while it lives; that lock, not the pid in it, tells a live daemon from a
@@ -41,8 +41,9 @@ type Spec struct {
 	// Socket is the daemon's UNIX stream socket. The daemon is ready when it accepts a connection.
 	Socket string
 	// MirrorDir, if set, is an existing empty directory onto which RunDir is
-	// bind-mounted for the life of the supervisor, so that the socket is visible
-	// there too (for example inside the read-only driver root, where nvcdi looks).
+	// bind-mounted, so that the socket is visible there too (for example inside
+	// the read-only driver root, where nvcdi looks). The mount outlives the
+	// supervisor, which reuses it on its next run: containers' specs point at it.
 	MirrorDir string
 	// Prepare, if set, runs before every start (the fabric manager writes its config file).
 	Prepare func() error

@@ -69,9 +69,15 @@ type Options struct {
 	// doubles on every quick failure (200 ms, 30 s).
 	BackoffInitial time.Duration
 	BackoffMax     time.Duration
-	// StableAfter: a daemon that dies after being up this long is restarted at
-	// once and the backoff starts again (30 s).
+	// StableAfter: a daemon that dies after being up this long is restarted
+	// after RestartDelay only, and the backoff starts again (30 s).
 	StableAfter time.Duration
+	// RestartDelay is the least wait before a daemon that died is started
+	// again (500 ms). Talos stops a service by signalling every process of its
+	// container at once (runner/containerd: task.Kill with WithKillAll), so
+	// the daemon may die a moment before the service's own SIGTERM ends ctx;
+	// within this wait the stop is seen, and nothing is restarted.
+	RestartDelay time.Duration
 	// StopGrace is how long a daemon gets between SIGTERM and SIGKILL (5 s, so
 	// that SIGKILL and clean-up fit in Talos's 10 s stop budget).
 	StopGrace time.Duration
@@ -89,6 +95,7 @@ func (o Options) withDefaults() Options {
 	def(&o.BackoffInitial, 200*time.Millisecond)
 	def(&o.BackoffMax, 30*time.Second)
 	def(&o.StableAfter, 30*time.Second)
+	def(&o.RestartDelay, 500*time.Millisecond)
 	def(&o.StopGrace, 5*time.Second)
 	def(&o.PollInterval, 10*time.Millisecond)
 	if o.MaxStartFailures <= 0 {
@@ -327,6 +334,13 @@ func (s *Supervisor) Run(ctx context.Context) (err error) {
 				backoff = s.nextBackoff(backoff)
 			}
 			derr := fmt.Errorf("%s (pid %d) died after %s: %s", s.spec.Name, p.pid, up.Round(time.Millisecond), how)
+			s.setState(StateRestarting, 0, derr)
+			// A stop of the whole container: the death was part of it, not a crash.
+			if stop := s.pause(ctx, s.opts.RestartDelay); stop {
+				s.setState(StateStopped, 0, nil)
+				s.log.Info("daemon stopped together with the service", "how", how)
+				return nil
+			}
 			// A daemon that was ready a moment can still die of what no restart fixes.
 			if s.spec.NoRetry != nil {
 				if reason := s.spec.NoRetry(derr.Error()); reason != "" {
@@ -337,9 +351,8 @@ func (s *Supervisor) Run(ctx context.Context) (err error) {
 				}
 			}
 			s.update(func(st *Status) { st.Restarts++ })
-			s.setState(StateRestarting, 0, derr)
 			s.log.Warn("daemon died; restarting", "error", derr, "backoff", backoff)
-			if stop := s.pause(ctx, backoff); stop {
+			if stop := s.pause(ctx, max(backoff-s.opts.RestartDelay, 0)); stop {
 				s.setState(StateStopped, 0, nil)
 				return nil
 			}
@@ -413,22 +426,21 @@ func (s *Supervisor) makeMirror() bool {
 	if s.spec.MirrorDir == "" {
 		return false
 	}
-	mounted, err := mirror(s.spec.RunDir, s.spec.MirrorDir)
+	result, err := mirror(s.spec.RunDir, s.spec.MirrorDir)
 	if err != nil {
 		s.log.Warn("socket will not be visible in the driver root", "error", err)
 		return false
 	}
-	s.log.Info("run dir mirrored", "run_dir", s.spec.RunDir, "at", s.spec.MirrorDir)
-	return mounted
+	s.log.Info("run dir mirrored", "run_dir", s.spec.RunDir, "at", s.spec.MirrorDir, "result", result)
+	return true
 }
 
+// finalCleanup removes a run dir that Run created and nothing mirrors. The
+// mirror itself stays, and with it the run dir it shows: the CDI specs of
+// running and new containers mount the socket through it, and the next Run
+// reuses it.
 func (s *Supervisor) finalCleanup(createdRunDir, mirrored bool) {
-	if mirrored {
-		if err := unmirror(s.spec.RunDir, s.spec.MirrorDir); err != nil {
-			s.log.Warn("cannot remove mirror", "error", err)
-		}
-	}
-	if createdRunDir {
+	if createdRunDir && !mirrored {
 		// Only if empty: whatever else is there is not ours to delete.
 		_ = os.Remove(s.spec.RunDir)
 	}

@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/moby/sys/mountinfo"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"golang.org/x/sys/unix"
@@ -26,6 +27,7 @@ var fast = daemons.Options{
 	BackoffMax:     5 * time.Millisecond,
 	StopGrace:      2 * time.Second,
 	PollInterval:   time.Millisecond,
+	RestartDelay:   time.Millisecond,
 }
 
 // lockHolder returns the pid holding the pid file's lock (0: none or outside our PID namespace) and whether it is locked.
@@ -364,9 +366,54 @@ func TestMirrorsSocketIntoReadOnlyDriverRoot(t *testing.T) {
 	c.Close()
 
 	require.NoError(t, stop())
-	ents, err := os.ReadDir(f.spec.MirrorDir)
+	t.Cleanup(func() { _ = unix.Unmount(f.spec.MirrorDir, unix.MNT_DETACH) })
+	assert.Equal(t, 1, mountsAt(t, f.spec.MirrorDir), "the mirror stays after stop: containers' specs point at it")
+
+	// The next run (the service restarted) reuses it: no second mount, the socket answers.
+	s, stop = f.run(t, fast)
+	waitReady(t, s)
+	assert.Equal(t, 1, mountsAt(t, f.spec.MirrorDir), "reused, not stacked")
+	assert.Contains(t, f.logs.String(), "result=reused")
+	c, err = (&netDialer{}).dial(mirrored)
 	require.NoError(t, err)
-	assert.Empty(t, ents, "the mirror is unmounted on stop")
+	c.Close()
+	require.NoError(t, stop())
+}
+
+// TestTalosStopRestartsNothing stops the supervisor the way Talos stops the service: SIGTERM
+// to every process of the container at once (runner/containerd, task.Kill WithKillAll), here
+// in the worst order, the daemon 3 ms before the service's own signal ends ctx. The daemon
+// had been up long enough to count as stable, which once meant an immediate restart.
+func TestTalosStopRestartsNothing(t *testing.T) {
+	f := newFixture(t, "ok")
+	opts := fast
+	opts.StableAfter = time.Millisecond
+	opts.RestartDelay = 0 // the default
+
+	for i := range 5 {
+		s, stop := f.run(t, opts)
+		waitReady(t, s)
+		time.Sleep(2 * time.Millisecond) // stable
+		require.NoError(t, syscall.Kill(s.Status().PID, syscall.SIGTERM))
+		time.Sleep(3 * time.Millisecond)
+		require.NoError(t, stop())
+
+		b, err := os.ReadFile(f.argsFile)
+		require.NoError(t, err)
+		assert.Equal(t, i+1, strings.Count(string(b), "\n"), "stop %d: no daemon started after the signal", i+1)
+		assert.Equal(t, 0, s.Status().Restarts)
+		assert.Equal(t, daemons.StateStopped, s.Status().State)
+	}
+
+	assert.NotContains(t, f.logs.String(), "restarting")
+	assert.Contains(t, f.logs.String(), "daemon stopped together with the service")
+}
+
+func mountsAt(t *testing.T, path string) int {
+	t.Helper()
+	infos, err := mountinfo.GetMounts(mountinfo.SingleEntryFilter(path))
+	require.NoError(t, err)
+	return len(infos)
 }
 
 func TestSpecErrors(t *testing.T) {

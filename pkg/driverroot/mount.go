@@ -25,7 +25,8 @@ const (
 )
 
 // Mount bind-mounts the subroot at target, read-only as every mount namespace sees it, and
-// shared so that a mount made later below it (the persistenced socket) reaches the host too.
+// shared in a peer group of its own (see ownPeerGroup) so that a mount made later below it
+// (the persistenced socket) reaches the host too, and nothing else does.
 //
 // A remount to read-only inside the service's own namespace would stay there: the host's
 // copy of the mount would remain writable. So the tree is cloned detached (open_tree), made
@@ -103,16 +104,33 @@ func attachReadOnly(subroot, target string) error {
 	}
 	defer unix.Close(fd) //nolint:errcheck
 
-	attr := unix.MountAttr{
-		Attr_set:    unix.MOUNT_ATTR_RDONLY | unix.MOUNT_ATTR_NOSUID | unix.MOUNT_ATTR_NODEV,
-		Propagation: unix.MS_SHARED,
-	}
+	attr := unix.MountAttr{Attr_set: unix.MOUNT_ATTR_RDONLY | unix.MOUNT_ATTR_NOSUID | unix.MOUNT_ATTR_NODEV}
 	if err := unix.MountSetattr(fd, "", unix.AT_EMPTY_PATH|unix.AT_RECURSIVE, &attr); err != nil {
 		return fmt.Errorf("making the clone of %s read-only: %w", subroot, err)
 	}
 
+	if err := ownPeerGroup(fd); err != nil {
+		return fmt.Errorf("giving the clone of %s its own peer group: %w", subroot, err)
+	}
+
 	if err := unix.MoveMount(fd, "", unix.AT_FDCWD, target, unix.MOVE_MOUNT_F_EMPTY_PATH); err != nil {
 		return fmt.Errorf("attaching %s at %s: %w", subroot, target, err)
+	}
+
+	return nil
+}
+
+// ownPeerGroup puts a detached tree in a peer group of its own. A clone of a shared mount
+// is a peer of its source: on Talos the subroot lies on the shared root filesystem, so a
+// clone that was merely marked shared would stay a peer of the host's / and of
+// /usr/local/glibc, and mounts would propagate between them and the driver root. Private
+// first leaves every group; shared then starts a new one, through which the driver root
+// still propagates to the host's /run and into containers.
+func ownPeerGroup(fd int) error {
+	for _, p := range []uint64{unix.MS_PRIVATE, unix.MS_SHARED} {
+		if err := unix.MountSetattr(fd, "", unix.AT_EMPTY_PATH|unix.AT_RECURSIVE, &unix.MountAttr{Propagation: p}); err != nil {
+			return err
+		}
 	}
 
 	return nil

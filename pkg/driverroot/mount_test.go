@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/moby/sys/mountinfo"
@@ -31,6 +32,10 @@ const (
 	envSubroot  = "DRIVERROOT_TEST_SUBROOT"
 	envRootProp = "DRIVERROOT_TEST_ROOT_PROPAGATION"
 	envPremount = "DRIVERROOT_TEST_PREMOUNT"
+	// envSharedSubroot makes the subroot a shared mount, as /usr/local/glibc is on Talos (it
+	// lies on the root filesystem, which Talos mounts shared: internal/app/init/main.go,
+	// mount.WithShared), bound into the container as the service YAML binds it.
+	envSharedSubroot = "DRIVERROOT_TEST_SHARED_SUBROOT"
 )
 
 func TestMain(m *testing.M) {
@@ -53,6 +58,13 @@ type hostView struct {
 	WriteErr     string   `json:"writeErr"`     // creating a file through it
 	Propagation  string   `json:"propagation"`  // of the host's copy
 	ContainerErr string   `json:"containerErr"` // a container run that failed
+
+	// With a shared subroot:
+	PeerGroup        string `json:"peerGroup"`        // the driver root's shared:N
+	SubrootPeerGroup string `json:"subrootPeerGroup"` // the host's subroot's shared:N
+	SocketOnHost     bool   `json:"socketOnHost"`     // the container's socket bind under the driver root reached the host
+	SocketInSubroot  bool   `json:"socketInSubroot"`  // ... and leaked into the host's subroot
+	SubrootToRoot    bool   `json:"subrootToRoot"`    // a host mount under the subroot appeared in the driver root
 }
 
 func TestMountSeenReadOnlyByHost(t *testing.T) {
@@ -85,6 +97,25 @@ func TestMountNeedsSharedRootPropagation(t *testing.T) {
 
 	require.Empty(t, view.ContainerErr)
 	assert.Equal(t, 0, view.Mounts, "with an rslave root the host must not see the mount")
+}
+
+// TestDriverRootHasItsOwnPeerGroup: the subroot is shared, as on Talos. The driver root must
+// not be a peer of it: the persistenced socket bound under the driver root reaches the
+// host's /run but not the host's /usr/local/glibc, and a mount under /usr/local/glibc does
+// not show in the driver root.
+func TestDriverRootHasItsOwnPeerGroup(t *testing.T) {
+	t.Setenv(envSharedSubroot, "true")
+
+	view := runHost(t, "shared", false)
+
+	require.Empty(t, view.ContainerErr)
+	assert.Equal(t, []string{"mounted", "reused"}, view.Results)
+	require.NotEmpty(t, view.PeerGroup, "the driver root is shared")
+	require.NotEmpty(t, view.SubrootPeerGroup, "the subroot is shared, as on Talos")
+	assert.NotEqual(t, view.SubrootPeerGroup, view.PeerGroup, "a peer group of its own")
+	assert.True(t, view.SocketOnHost, "a mount under the driver root still reaches the host's /run")
+	assert.False(t, view.SocketInSubroot, "and not the host's subroot")
+	assert.False(t, view.SubrootToRoot, "a mount under the host's subroot does not reach the driver root")
 }
 
 func runHost(t *testing.T, rootPropagation string, premount bool) hostView {
@@ -168,9 +199,17 @@ func hostSteps() (hostView, error) {
 		}
 	}
 
+	hostSubroot := ""
+	if os.Getenv(envSharedSubroot) == "true" {
+		hostSubroot = filepath.Join(work, "host-glibc")
+		if err := sharedBind(subroot, hostSubroot); err != nil {
+			return view, err
+		}
+	}
+
 	for range 2 {
 		cmd := exec.Command("unshare", "--mount", "--propagation", "unchanged", os.Args[0], "-test.run=^$")
-		cmd.Env = append(os.Environ(), envRole+"=container")
+		cmd.Env = append(os.Environ(), envRole+"=container", envSubroot+"="+subrootOrBind(subroot, hostSubroot))
 		cmd.Stderr = os.Stderr
 
 		out, err := cmd.Output()
@@ -219,7 +258,78 @@ func hostSteps() (hostView, error) {
 		f.Close() //nolint:errcheck
 	}
 
+	if hostSubroot != "" {
+		return view, peerGroups(&view, hostSubroot, target)
+	}
+
 	return view, nil
+}
+
+// sharedBind binds src at dst and makes it shared: a new peer group, in this namespace only.
+func sharedBind(src, dst string) error {
+	if err := os.MkdirAll(dst, 0o755); err != nil {
+		return err
+	}
+
+	if err := unix.Mount(src, dst, "", unix.MS_BIND, ""); err != nil {
+		return fmt.Errorf("binding %s: %w", dst, err)
+	}
+
+	if err := unix.Mount("", dst, "", unix.MS_SHARED, ""); err != nil {
+		return fmt.Errorf("making %s shared: %w", dst, err)
+	}
+
+	return nil
+}
+
+// subrootOrBind names the subroot the container mounts: the shared bind when there is one.
+func subrootOrBind(subroot, bind string) string {
+	if bind != "" {
+		return bind
+	}
+
+	return subroot
+}
+
+// peerGroups looks at what propagated between the host's shared subroot and the driver root.
+func peerGroups(view *hostView, hostSubroot, target string) error {
+	view.PeerGroup = peerGroup(target)
+	view.SubrootPeerGroup = peerGroup(hostSubroot)
+
+	sock := driverroot.PersistencedSocketDir
+	view.SocketOnHost = isMountPoint(filepath.Join(target, sock))
+	view.SocketInSubroot = isMountPoint(filepath.Join(hostSubroot, sock))
+
+	// A mount the host makes under its subroot (on Talos: anything below /usr/local/glibc).
+	other := filepath.Join(hostSubroot, "run/nvidia-fabricmanager")
+	if err := unix.Mount("tmpfs", other, "tmpfs", 0, ""); err != nil {
+		return fmt.Errorf("mounting under the host's subroot: %w", err)
+	}
+
+	view.SubrootToRoot = isMountPoint(filepath.Join(target, "run/nvidia-fabricmanager"))
+
+	return nil
+}
+
+func peerGroup(path string) string {
+	infos, err := mountinfo.GetMounts(mountinfo.SingleEntryFilter(path))
+	if err != nil || len(infos) == 0 {
+		return ""
+	}
+
+	for _, f := range strings.Fields(infos[len(infos)-1].Optional) {
+		if strings.HasPrefix(f, "shared:") {
+			return f
+		}
+	}
+
+	return ""
+}
+
+func isMountPoint(path string) bool {
+	infos, err := mountinfo.GetMounts(mountinfo.SingleEntryFilter(path))
+
+	return err == nil && len(infos) > 0
 }
 
 // containerRole sets up its namespace as runc does for the service's container and mounts
@@ -257,11 +367,41 @@ func containerRole() int {
 
 	log := slog.New(slog.NewTextHandler(os.Stderr, nil))
 
-	res, err := driverroot.Mount(log, subroot, filepath.Join(crun, "nvidia/driver"))
+	if os.Getenv(envSharedSubroot) == "true" {
+		// The service YAML's rbind of /usr/local/glibc: with a shared root propagation it
+		// joins the host's peer group.
+		bind := filepath.Join(work, "container", "glibc")
+		if err := os.MkdirAll(bind, 0o755); err != nil {
+			fmt.Fprintln(os.Stderr, "container role:", err)
+
+			return 1
+		}
+
+		if err := unix.Mount(subroot, bind, "", unix.MS_BIND|unix.MS_REC, ""); err != nil {
+			fmt.Fprintln(os.Stderr, "container role: binding the subroot:", err)
+
+			return 1
+		}
+
+		subroot = bind
+	}
+
+	target := filepath.Join(crun, "nvidia/driver")
+
+	res, err := driverroot.Mount(log, subroot, target)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "container role:", err)
 
 		return 1
+	}
+
+	// What the persistenced supervisor does: bind its run directory under the driver root.
+	if sock := filepath.Join(target, driverroot.PersistencedSocketDir); os.Getenv(envSharedSubroot) == "true" && !isMountPoint(sock) {
+		if err := unix.Mount(work, sock, "", unix.MS_BIND, ""); err != nil {
+			fmt.Fprintln(os.Stderr, "container role: binding the socket directory:", err)
+
+			return 1
+		}
 	}
 
 	if ok, err := driverroot.IsMounted(subroot, filepath.Join(crun, "nvidia/driver")); err != nil || !ok {

@@ -21,6 +21,7 @@ import (
 	"github.com/talos-nvidia/nvidia-driver/pkg/devnodes"
 	"github.com/talos-nvidia/nvidia-driver/pkg/driverroot"
 	"github.com/talos-nvidia/nvidia-driver/pkg/gpu"
+	"github.com/talos-nvidia/nvidia-driver/pkg/memory"
 	"github.com/talos-nvidia/nvidia-driver/pkg/mig"
 	"github.com/talos-nvidia/nvidia-driver/pkg/nfd"
 )
@@ -110,14 +111,28 @@ func (r *Runner) Run(ctx context.Context) error {
 		}
 
 		r.report(PhaseFailed, err.Error())
+		r.releaseMemory()
 		<-ctx.Done()
 
 		return nil
 	}
 
+	r.releaseMemory()
 	<-ctx.Done()
 
 	return nil
+}
+
+// releaseMemory gives back what the bring-up used: from here on the service only waits.
+func (r *Runner) releaseMemory() {
+	rel, err := memory.Release()
+	if err != nil {
+		r.log.Warn("cannot release the bring-up's memory", "error", err)
+
+		return
+	}
+
+	r.log.Info("released the bring-up's memory", "rssKiB", rel.AfterKiB, "rssBeforeKiB", rel.BeforeKiB)
 }
 
 func (r *Runner) bringUp(ctx context.Context) error {

@@ -69,3 +69,16 @@ func (s *statusFile) get() Status {
 
 	return s.cur
 }
+
+// ReportInvalidConfig writes the status of a service whose configuration did not load: failed,
+// with the error, and nothing else, because nothing was done.
+func ReportInvalidConfig(path, subroot string, err error) error {
+	s := &statusFile{path: path, cur: Status{Subroot: subroot}}
+
+	_, werr := s.update(func(st *Status) {
+		st.Phase = PhaseFailed
+		st.Message = err.Error() + "\nnothing was changed; the service waits for a corrected ExtensionServiceConfig (Talos restarts it when the document changes)"
+	})
+
+	return werr
+}
