@@ -191,6 +191,10 @@ sleep 1
 idle=$(awk '/VmRSS/{print $2}' /proc/$spid/status)
 before=$(grep -o 'rssBeforeKiB=[0-9]*' "$W/service.log" | tail -1 | cut -d= -f2)
 echo "  idle RSS: ${idle} kB (at ready, before releasing the bring-up's memory: ${before:-?} kB)"
+# Where it is: the largest resident mappings, so a regression names its cause.
+awk '/^[0-9a-f]+-[0-9a-f]+ /{name=($6 == "" ? "[anon]" : $6)} /^Rss:/{rss[name]+=$2; n[name]++} END{for (k in rss) if (rss[k] >= 256) printf "    %6d kB  %s (%d mappings)\n", rss[k], k, n[k]}' /proc/$spid/smaps | sort -rn | head -12
+[ -n "${E2E_SMAPS:-}" ] && awk '/^[0-9a-f]+-[0-9a-f]+ /{m=$1" "$6} /^Size:/{sz=$2} /^Rss:/{if ($2 >= 128) printf "      %6d kB of %7d kB  %s\n", $2, sz, m}' /proc/$spid/smaps | sort -rn | head -25
+echo "  threads: $(ls /proc/$spid/task | wc -l)"
 [ -n "$idle" ] && [ "$idle" -le 16384 ] && r=PASS || r=FAIL
 result "idle RSS ${idle} kB <= 16384 kB (16 MiB); before release ${before:-?} kB" $r
 
@@ -276,4 +280,30 @@ grep -q 'driver root already mounted by an earlier run' "$W/service2.log" && gre
   && [ "$n1" = 1 ] && [ "$n2" = 1 ] && r=PASS || r=FAIL
 result "restart: both mounts reused ($n1 at the driver root, $n2 at its dev/)" $r
 kill -TERM $spid; wait $spid
+
+# Idle memory against a baseline in the same run: E2E_BASELINE_CONTAINER names the container
+# root filesystem of another build of the service (an earlier commit's, from
+# hack/stage-service-rootfs.sh), run the same way on the same node; its RSS a second after
+# ready is printed beside ours. Settings that build does not know are left out of its
+# environment (its configuration is strict).
+if [ -n "${E2E_BASELINE_CONTAINER:-}" ]; then
+  B=$E2E_BASELINE_CONTAINER
+  rm -f /run/nvidia-driver/status.json
+  # Builds before the driver-root contract refuse a subroot with dev/: give them a copy
+  # (hard links) without it.
+  rm -rf "$W/subroot-nodev" && cp -al "$W/subroot" "$W/subroot-nodev" && rmdir "$W/subroot-nodev/dev" 2>/dev/null
+  ( exec env -u NVIDIA_DRIVER_FABRIC_MANAGER -u NVIDIA_DRIVER_NFD_FEATURES_DIR NVIDIA_DRIVER_SUBROOT="$W/subroot-nodev" \
+      "$B/lib64/ld-linux-x86-64.so.2" --library-path "$B/lib/x86_64-linux-gnu" "$B/usr/bin/nvidia-driver" run 2>"$W/baseline.log" ) &
+  bpid=$!
+  for _ in $(seq 600); do
+    grep -q '"phase": "ready"' /run/nvidia-driver/status.json 2>/dev/null && break
+    kill -0 $bpid 2>/dev/null || break
+    sleep 0.1
+  done
+  sleep 1
+  bidle=$(awk '/VmRSS/{print $2}' /proc/$bpid/status 2>/dev/null)
+  grep -q '"phase": "ready"' /run/nvidia-driver/status.json 2>/dev/null || { echo "  baseline not ready:"; tail -3 "$W/baseline.log" | sed 's/^/    /'; }
+  echo "  idle RSS, same node, same run: this build ${idle} kB, baseline $(basename "$B") ${bidle:-?} kB"
+  kill -TERM $bpid 2>/dev/null; wait $bpid
+fi
 exit $fail
