@@ -194,6 +194,7 @@ echo "  idle RSS: ${idle} kB (at ready, before releasing the bring-up's memory: 
 # Where it is: the largest resident mappings, so a regression names its cause.
 awk '/^[0-9a-f]+-[0-9a-f]+ /{name=($6 == "" ? "[anon]" : $6)} /^Rss:/{rss[name]+=$2; n[name]++} END{for (k in rss) if (rss[k] >= 256) printf "    %6d kB  %s (%d mappings)\n", rss[k], k, n[k]}' /proc/$spid/smaps | sort -rn | head -12
 [ -n "${E2E_SMAPS:-}" ] && awk '/^[0-9a-f]+-[0-9a-f]+ /{m=$1" "$6} /^Size:/{sz=$2} /^Rss:/{if ($2 >= 128) printf "      %6d kB of %7d kB  %s\n", $2, sz, m}' /proc/$spid/smaps | sort -rn | head -25
+[ -n "${E2E_SMAPS:-}" ] && echo "  files mapped: $(awk '$6 ~ /^\// {print $6}' /proc/$spid/maps | sort -u | xargs -r -n1 basename | paste -sd ' ')"
 echo "  threads: $(ls /proc/$spid/task | wc -l)"
 [ -n "$idle" ] && [ "$idle" -le 16384 ] && r=PASS || r=FAIL
 result "idle RSS ${idle} kB <= 16384 kB (16 MiB); before release ${before:-?} kB" $r
