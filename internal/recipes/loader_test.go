@@ -70,9 +70,10 @@ func with(changes map[string]string) map[string]string {
 	return files
 }
 
-// TestLoaderRejectsWhatBldrRejects: each case is one mistake that bldr's loader (or its
-// frontend, at build time) stops at, or that it lets through as "<no value>".
-func TestLoaderRejectsWhatBldrRejects(t *testing.T) {
+// TestLoaderRejectsBadTrees: each case is one mistake that bldr's loader (or its frontend,
+// at build time) stops at, or that it lets through as "<no value>". This runs our loader,
+// not bldr (docs/extension.md: bldr's loaders were run on the tree by hand).
+func TestLoaderRejectsBadTrees(t *testing.T) {
 	cases := []struct {
 		name    string
 		changes map[string]string

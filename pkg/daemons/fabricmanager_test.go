@@ -94,6 +94,22 @@ func TestFabricManagerSupervised(t *testing.T) {
 	assert.NoFileExists(t, filepath.Join(f.runDir, "socket"))
 }
 
+// TestFabricManagerLongOutputLine: a line longer than any line buffer neither stops the
+// reading of its output (a closed pipe would kill it with SIGPIPE at its next write) nor
+// keeps its later lines out of the log.
+func TestFabricManagerLongOutputLine(t *testing.T) {
+	f := newFMFixture(t, "long-line", freePort(t))
+	s, stop := f.run(t, daemons.Options{})
+	waitReady(t, s)
+	waitFor(t, "the line after the long one in the log", func() bool { return strings.Contains(f.logs.String(), "Successfully configured") })
+
+	pid := s.Status().PID
+	require.NoError(t, stop())
+	assert.Contains(t, f.logs.String(), "Fabric Manager is exiting", "it was alive, got SIGTERM and exited cleanly")
+	assert.Zero(t, s.Status().Restarts)
+	assert.ErrorIs(t, unix.Kill(pid, 0), unix.ESRCH)
+}
+
 func parentOf(pid int) (int, error) {
 	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
 	if err != nil {

@@ -647,15 +647,23 @@ func (s *Supervisor) startForeground(ctx context.Context) (*proc, error) {
 	}
 }
 
-// logOutput copies a foreground daemon's output, line by line, into the log and p.output.
+// logOutput copies a foreground daemon's output, line by line, into the log and p.output,
+// until the daemon closes it. A line longer than the buffer comes in pieces: stopping at it
+// would close the pipe, and the daemon's next write would kill it with SIGPIPE.
 func (s *Supervisor) logOutput(r *os.File, p *proc) {
 	defer close(p.outputDone)
 	defer r.Close()
-	sc := bufio.NewScanner(r)
-	for sc.Scan() {
-		line := sc.Text()
-		_, _ = p.output.Write([]byte(line + "\n"))
-		s.log.Info("daemon output", "line", line)
+	br := bufio.NewReaderSize(r, 4096)
+	for {
+		chunk, _, err := br.ReadLine()
+		if len(chunk) > 0 {
+			line := string(chunk)
+			_, _ = p.output.Write([]byte(line + "\n"))
+			s.log.Info("daemon output", "line", line)
+		}
+		if err != nil {
+			return
+		}
 	}
 }
 

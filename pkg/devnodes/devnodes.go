@@ -538,7 +538,10 @@ func ensureLink(path, target string) error {
 var capNodeName = regexp.MustCompile(`^nvidia-cap(\d+)$`)
 
 // removeStaleCaps removes capability nodes (and their /dev/char links) for MIG instances
-// that no longer exist.
+// that no longer exist: nodes whose minor is a MIG capability's (mig-minors lists every
+// possible one) and that want does not name. Other capability nodes, such as the
+// nvidia-nvlink fabric-mgmt one, are not MIG's to remove: they stay even when this sync
+// could not account for them (FabricNodes failed, or another tool made them).
 func removeStaleCaps(hostRoot string, want []Node) ([]string, error) {
 	dir := filepath.Join(hostRoot, "dev/nvidia-caps")
 
@@ -549,6 +552,21 @@ func removeStaleCaps(hostRoot string, want []Node) ([]string, error) {
 
 	if err != nil {
 		return nil, fmt.Errorf("listing %s: %w", dir, err)
+	}
+
+	migMinors := map[uint32]bool{}
+
+	minors, err := readMigMinors(filepath.Join(hostRoot, "proc/driver/nvidia-caps/mig-minors"))
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, nil // a driver without MIG capabilities: no node here is a MIG one
+	}
+
+	if err != nil {
+		return nil, err
+	}
+
+	for _, m := range minors {
+		migMinors[m] = true
 	}
 
 	keep := map[string]bool{}
@@ -567,11 +585,13 @@ func removeStaleCaps(hostRoot string, want []Node) ([]string, error) {
 		path := filepath.Join(dir, e.Name())
 
 		var st unix.Stat_t
-		if err := unix.Lstat(path, &st); err == nil && st.Mode&unix.S_IFMT == unix.S_IFCHR {
-			link := filepath.Join(hostRoot, "dev/char", fmt.Sprintf("%d:%d", unix.Major(st.Rdev), unix.Minor(st.Rdev)))
-			if err := os.Remove(link); err != nil && !errors.Is(err, fs.ErrNotExist) {
-				return removed, fmt.Errorf("removing stale link %s: %w", link, err)
-			}
+		if err := unix.Lstat(path, &st); err != nil || st.Mode&unix.S_IFMT != unix.S_IFCHR || !migMinors[unix.Minor(st.Rdev)] {
+			continue
+		}
+
+		link := filepath.Join(hostRoot, "dev/char", fmt.Sprintf("%d:%d", unix.Major(st.Rdev), unix.Minor(st.Rdev)))
+		if err := os.Remove(link); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			return removed, fmt.Errorf("removing stale link %s: %w", link, err)
 		}
 
 		if err := os.Remove(path); err != nil {

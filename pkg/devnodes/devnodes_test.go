@@ -140,6 +140,26 @@ func TestSyncFixesWrongNode(t *testing.T) {
 	assertNode(t, filepath.Join(root, "dev/nvidia0"), 195, 0, 0o666)
 }
 
+// TestSyncKeepsCapabilitiesOtherThanMIG: a capability node whose minor is no MIG one (here
+// the nvidia-nvlink fabric-mgmt capability, minor 0, made by an earlier sync or the host's
+// nvidia-modprobe) stays when a sync cannot account for it: FabricNodes failed on a /proc
+// that does not add up, which Sync only warns about.
+func TestSyncKeepsCapabilitiesOtherThanMIG(t *testing.T) {
+	root := newRoot(t)
+	fakeProc(t, root)
+
+	require.NoError(t, os.MkdirAll(filepath.Join(root, "dev/nvidia-caps"), 0o755))
+	require.NoError(t, unix.Mknod(filepath.Join(root, "dev/nvidia-caps/nvidia-cap0"), unix.S_IFCHR|0o400, int(unix.Mkdev(507, 0))))
+	// The nvidia-nvswitch driver lists a switch, /proc/devices has no nvidia-nvswitch major.
+	write(t, root, "proc/driver/nvidia-nvswitch/devices/0000:c1:00.0/information", "BIOS Version: N/A\n")
+	write(t, root, "proc/driver/nvidia-nvswitch/permissions", "DeviceFileMode: 438\n")
+
+	res, err := devnodes.Sync(quiet, root)
+	require.NoError(t, err)
+	assert.Empty(t, res.Removed)
+	assertNode(t, filepath.Join(root, "dev/nvidia-caps/nvidia-cap0"), 507, 0, 0o400)
+}
+
 func TestSyncRemovesStaleCapabilities(t *testing.T) {
 	root := newRoot(t)
 	fakeProc(t, root, [3]int{0, 1, 0}, [3]int{0, 2, 0}, [3]int{3, 1, 0})

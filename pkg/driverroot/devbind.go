@@ -40,53 +40,14 @@ func BindDev(log *slog.Logger, hostDev, driverMount string) (MountResult, error)
 			hostDev, target, DevDir, orNotDir(err))
 	}
 
-	existing, err := mountsAt(target)
-	if err != nil {
-		return "", err
-	}
-
-	result := Mounted
-
-	if len(existing) > 0 {
-		same, err := sameTree(hostDev, target)
-		if err != nil {
-			return "", err
-		}
-
-		top := existing[len(existing)-1]
-		if same && len(existing) == 1 && isDevBindOptions(top) {
-			log.Info("host /dev already bound under the driver root by an earlier run, reusing it")
-
-			return Reused, nil
-		}
-
-		log.Warn("replacing an earlier mount at the driver root's dev/", "mounts", len(existing), "sameTree", same, "options", top.Options)
-
-		for range existing {
-			if err := unix.Unmount(target, unix.MNT_DETACH); err != nil {
-				return "", fmt.Errorf("detaching the earlier mount at %s: %w", target, err)
-			}
-		}
-
-		result = Replaced
-	}
-
-	if err := attachDev(hostDev, target); err != nil {
-		return "", err
-	}
-
-	after, err := mountsAt(target)
-	if err != nil {
-		return "", err
-	}
-
-	if len(after) != 1 || !isDevBindOptions(after[0]) {
-		return "", fmt.Errorf("after binding %s at %s: expected one read-only mount without nodev, found %d", hostDev, target, len(after))
-	}
-
-	log.Info("host /dev bound under the driver root", "result", result)
-
-	return result, nil
+	return placeMount(log, hostDev, target, placement{
+		right:    isDevBindOptions,
+		attach:   func() error { return attachDev(hostDev, target) },
+		reused:   "host /dev already bound under the driver root by an earlier run, reusing it",
+		replaced: "replacing an earlier mount at the driver root's dev/",
+		wrong:    "expected one read-only mount without nodev",
+		done:     "host /dev bound under the driver root",
+	})
 }
 
 // attachDev clones hostDev's own mount, detached, sets its attributes there (a remount in

@@ -38,6 +38,37 @@ const (
 func Mount(log *slog.Logger, subroot, target string) (MountResult, error) {
 	log = log.With("subroot", subroot, "target", target)
 
+	return placeMount(log, subroot, target, placement{
+		right: isReadOnly,
+		prepare: func() error {
+			if err := os.MkdirAll(target, 0o755); err != nil {
+				return fmt.Errorf("creating mount point %s: %w", target, err)
+			}
+
+			return nil
+		},
+		attach:   func() error { return attachReadOnly(subroot, target) },
+		reused:   "driver root already mounted by an earlier run, reusing it",
+		replaced: "replacing an earlier mount at the driver root",
+		wrong:    "expected one read-only mount",
+		done:     "driver root mounted read-only",
+	})
+}
+
+// placement says how placeMount makes one kind of mount.
+type placement struct {
+	right   func(*mountinfo.Info) bool // the options a right mount has
+	prepare func() error               // before attach, once nothing is mounted (may be nil)
+	attach  func() error               // makes the mount
+	// Log lines and the error's wording.
+	reused, replaced, wrong, done string
+}
+
+// placeMount leaves exactly one right mount of source at target: an earlier run's is reused
+// when it shows source with the right options and nothing is stacked on it; otherwise every
+// mount there is detached (containers keep their copies) and a new one is attached and
+// checked.
+func placeMount(log *slog.Logger, source, target string, p placement) (MountResult, error) {
 	existing, err := mountsAt(target)
 	if err != nil {
 		return "", err
@@ -48,18 +79,18 @@ func Mount(log *slog.Logger, subroot, target string) (MountResult, error) {
 	if len(existing) > 0 {
 		top := existing[len(existing)-1]
 
-		same, err := sameTree(subroot, target)
+		same, err := sameTree(source, target)
 		if err != nil {
 			return "", err
 		}
 
-		if same && isReadOnly(top) && len(existing) == 1 {
-			log.Info("driver root already mounted by an earlier run, reusing it")
+		if same && p.right(top) && len(existing) == 1 {
+			log.Info(p.reused)
 
 			return Reused, nil
 		}
 
-		log.Warn("replacing an earlier mount at the driver root", "mounts", len(existing), "sameTree", same, "options", top.Options)
+		log.Warn(p.replaced, "mounts", len(existing), "sameTree", same, "options", top.Options)
 
 		for range existing {
 			if err := unix.Unmount(target, unix.MNT_DETACH); err != nil {
@@ -70,11 +101,13 @@ func Mount(log *slog.Logger, subroot, target string) (MountResult, error) {
 		result = Replaced
 	}
 
-	if err := os.MkdirAll(target, 0o755); err != nil {
-		return "", fmt.Errorf("creating mount point %s: %w", target, err)
+	if p.prepare != nil {
+		if err := p.prepare(); err != nil {
+			return "", err
+		}
 	}
 
-	if err := attachReadOnly(subroot, target); err != nil {
+	if err := p.attach(); err != nil {
 		return "", err
 	}
 
@@ -84,11 +117,11 @@ func Mount(log *slog.Logger, subroot, target string) (MountResult, error) {
 		return "", err
 	}
 
-	if len(after) != 1 || !isReadOnly(after[0]) {
-		return "", fmt.Errorf("after mounting %s at %s: expected one read-only mount, found %d", subroot, target, len(after))
+	if len(after) != 1 || !p.right(after[0]) {
+		return "", fmt.Errorf("after mounting %s at %s: %s, found %d", source, target, p.wrong, len(after))
 	}
 
-	log.Info("driver root mounted read-only", "result", result)
+	log.Info(p.done, "result", result)
 
 	return result, nil
 }

@@ -248,6 +248,10 @@ func fabricManager(config string) int {
 		return 2
 	}
 	fmt.Fprintf(os.Stderr, "Fabric Manager version 580.159.04 is running with the following configuration options\n")
+	if mode() == "long-line" {
+		// One line longer than a bufio.Scanner's default limit (64 KiB), then on as "ok".
+		fmt.Fprintln(os.Stderr, "topology: "+strings.Repeat("x", 100<<10))
+	}
 	switch m := mode(); {
 	case m == "nothing-to-do":
 		fmt.Fprintln(os.Stderr, "request to query NVSwitch device information from NVSwitch driver failed with error:WARNING Nothing to do [NV_WARN_NOTHING_TO_DO]")
