@@ -2,9 +2,10 @@
 # GPU end-to-end test: on any Linux host with an NVIDIA GPU and root, make the host look like a
 # Talos node in a private mount namespace, run the nvidia-driver service there from its own
 # container root filesystem, and start workloads with plain runc through the CDI specs: ours
-# (/run/cdi/nvidia.yaml) and the one NVIDIA's device plugin v0.19.0 writes, the plugin run as
-# the kubelet runs deploy/'s and the stock chart's pods (hack/e2e-consumers.sh); GPU feature
-# discovery too.
+# (/run/cdi/nvidia.yaml) and the one NVIDIA's device plugin v0.19.0 writes. The plugin runs in a
+# runc container made from deploy/'s and the stock chart's rendered pods, and a test client of
+# ours plays the kubelet's side of the device-plugin API (hack/e2e-consumers.sh): the real
+# kubelet and containerd run in hack/k8s-node. GPU feature discovery too.
 # Skipped (exit 0) where there is no NVIDIA driver. Nothing on the host changes: every mount
 # is in the private namespace, and the service runs nvidia-persistenced with
 # --no-persistence-mode on a private /run.
