@@ -7,6 +7,7 @@
 #   make extension  the development extension image (_out/extensions/), validated with Talos's code
 #   make harness    run that image's service as Talos does, with runc, and print what the host saw
 #   make flavors    re-render the release recipes (manifest.yaml, pkg.yaml, vars.yaml, flavors/)
+#   make test-k8s-node  deploy/ on a real one-node Kubernetes cluster (hack/k8s-node), no GPU needed
 
 SHELL := /bin/bash
 OUT ?= _out
@@ -80,6 +81,7 @@ e2e-gpu: e2e-tools
 	hack/e2e-gpu.sh
 
 include hack/deploy.mk
+include hack/k8s-node.mk
 
 clean:
 	rm -rf $(OUT)

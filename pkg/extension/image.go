@@ -27,6 +27,12 @@ var epoch = time.Unix(0, 0).UTC()
 // image archive tarPath (the format `crane push` and go-containerregistry's tarball package
 // read), tagged ref. It returns the image's digest.
 func WriteImage(dir, tarPath, ref string) (v1.Hash, error) {
+	return WriteDirImage(dir, tarPath, ref, v1.Config{})
+}
+
+// WriteDirImage is WriteImage for any directory, with the image's runtime config (entrypoint,
+// environment) set to run: how the test node's container images are made (hack/k8s-node).
+func WriteDirImage(dir, tarPath, ref string, run v1.Config) (v1.Hash, error) {
 	tag, err := name.NewTag(ref)
 	if err != nil {
 		return v1.Hash{}, fmt.Errorf("image reference %q: %w", ref, err)
@@ -61,6 +67,7 @@ func WriteImage(dir, tarPath, ref string) (v1.Hash, error) {
 	cfg = cfg.DeepCopy()
 	cfg.OS, cfg.Architecture = "linux", "amd64"
 	cfg.Created = v1.Time{Time: epoch}
+	cfg.Config = run
 
 	if img, err = mutate.ConfigFile(img, cfg); err != nil {
 		return v1.Hash{}, err
