@@ -46,12 +46,16 @@ deps:
 	hack/install-test-deps.sh
 	bash hack/install-deploy-test-deps.sh
 
+# hack/consumers is a module of its own (NVIDIA's device plugin at its own dependency
+# versions, and the e2e's pod-to-OCI translation): vetted and tested from its directory.
 test: deps build lint
 	go test -count=1 ./...
+	cd hack/consumers && go test -count=1 ./...
 
 lint:
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt would change:"; echo "$$out"; exit 1; fi
 	go vet ./...
+	cd hack/consumers && go vet ./...
 
 # EXTENSION_FLAGS: e.g. -name nvidia-driver-dev-host -payload _out/subroot-host (see hack/extension).
 extension: build
@@ -68,11 +72,17 @@ demo: build
 	hack/demo.sh
 
 # What the GPU end-to-end test needs besides `make build`: nvidia-ctk from the same toolkit
-# version (the reference), its Go helper, the persistenced test driver, and Debian's runc
-# as .deb files for hosts without runc.
-e2e-tools: build
+# version (the reference), its Go helpers, the persistenced test driver, NVIDIA's device
+# plugin and GPU feature discovery from their module at the chart's version (hack/consumers)
+# with the manifests they run from (hack/render-consumers.sh), and Debian's runc as .deb
+# files for hosts without runc.
+e2e-tools: build deploy-tools
 	go build -trimpath -o $(OUT)/bin/nvidia-ctk github.com/NVIDIA/nvidia-container-toolkit/cmd/nvidia-ctk
 	go build -trimpath -o $(OUT)/bin/cdi-e2e ./hack/cdi-e2e
+	cd hack/consumers && go build -trimpath -ldflags '-s -w' -o $(abspath $(OUT))/bin/ \
+	  github.com/NVIDIA/k8s-device-plugin/cmd/nvidia-device-plugin \
+	  github.com/NVIDIA/k8s-device-plugin/cmd/gpu-feature-discovery ./kubelet-e2e
+	hack/render-consumers.sh $(OUT)/e2e
 	CGO_ENABLED=0 go build -trimpath -o $(OUT)/bin/persistenced-e2e ./hack/persistenced-e2e
 	mkdir -p $(OUT)/debs && cd $(OUT)/debs && apt-get download -q runc libseccomp2 >/dev/null
 

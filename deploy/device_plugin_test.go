@@ -47,6 +47,7 @@ func TestDevicePluginPod(t *testing.T) {
 	privileged(t, plugin)
 	e := env(plugin)
 	assert.Equal(t, "/run/nvidia/driver", e["NVIDIA_DRIVER_ROOT"])
+	assert.NotContains(t, e, "NVIDIA_DEV_ROOT", "device nodes are at the driver root's dev/ (docs/driver-root.md)")
 	assert.Equal(t, "/usr/bin/nvidia-cdi-hook", e["NVIDIA_CDI_HOOK_PATH"])
 	assert.Equal(t, "cdi-cri", e["DEVICE_LIST_STRATEGY"])
 	assert.Equal(t, "uuid", e["DEVICE_ID_STRATEGY"])

@@ -12,6 +12,7 @@
 #   etc/ld.so.conf, etc/ld.so.cache   the cache made with `ldconfig -r`
 #   run/nvidia-persistenced/     empty: the daemon's socket directory is bind-mounted here
 #   run/nvidia-fabricmanager/    empty: likewise for nvidia-fabricmanager
+#   dev/                         empty: the service binds the host's /dev here (docs/driver-root.md)
 #
 # Usage:
 #   hack/build-subroot.sh debian OUTDIR        from Debian's non-free packages (tests, demo)
@@ -125,7 +126,7 @@ assemble_host() {
 
 stage=$(mktemp -d "${TMPDIR:-/tmp}/subroot.XXXXXX")
 trap 'rm -rf "$stage"' EXIT
-mkdir -p "$stage/root"/{lib64,usr/lib64,usr/bin,sbin,etc,run/nvidia-persistenced,run/nvidia-fabricmanager,usr/share/nvidia-driver}
+mkdir -p "$stage/root"/{lib64,usr/lib64,usr/bin,sbin,etc,run/nvidia-persistenced,run/nvidia-fabricmanager,dev,usr/share/nvidia-driver}
 
 case $mode in
   debian) assemble_debian "$stage" ;;

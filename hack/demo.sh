@@ -45,6 +45,8 @@ cat "$log"
 echo
 echo "== the driver root, as this namespace (the \"host\") sees it"
 findmnt -n -o TARGET,OPTIONS,PROPAGATION "$host/run/nvidia/driver"
+findmnt -n -o TARGET,OPTIONS,PROPAGATION "$host/run/nvidia/driver/dev"
+echo "   $(ls "$host/run/nvidia/driver/dev" | grep -c nvidia) nvidia* entries under the driver root's dev/ (the host's /dev, docs/driver-root.md)"
 echo "== device nodes"
 ls -l "$host/dev" | grep nvidia || true
 echo "   /dev/nvidia-caps: $(ls "$host/dev/nvidia-caps" | wc -l) capability nodes (MIG config, monitor, and one per GPU and compute instance)"
@@ -63,5 +65,5 @@ rc=0
 wait $pid || rc=$?
 echo "exit code $rc after $(( ($(date +%s%N) - start) / 1000000 )) ms"
 tail -n 2 "$log"
-findmnt -n -o TARGET,OPTIONS "$host/run/nvidia/driver" >/dev/null && echo "driver root still mounted after stop: yes"
+findmnt -n -o TARGET,OPTIONS "$host/run/nvidia/driver" >/dev/null && findmnt -n "$host/run/nvidia/driver/dev" >/dev/null && echo "driver root and its dev/ still mounted after stop: yes"
 exit $rc

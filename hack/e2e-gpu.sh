@@ -2,7 +2,9 @@
 # GPU end-to-end test: on any Linux host with an NVIDIA GPU and root, make the host look like a
 # Talos node in a private mount namespace, run the nvidia-driver service there from its own
 # container root filesystem, and start workloads with plain runc through the CDI specs: ours
-# (/run/cdi/nvidia.yaml) and one generated the way the device plugin generates its own.
+# (/run/cdi/nvidia.yaml) and the one NVIDIA's device plugin v0.19.0 writes, the plugin run as
+# the kubelet runs deploy/'s and the stock chart's pods (hack/e2e-consumers.sh); GPU feature
+# discovery too.
 # Skipped (exit 0) where there is no NVIDIA driver. Nothing on the host changes: every mount
 # is in the private namespace, and the service runs nvidia-persistenced with
 # --no-persistence-mode on a private /run.
@@ -10,8 +12,9 @@
 #   hack/e2e-gpu.sh [DRIVER_TREE]     (default /usr/local/nvidia)
 #
 # Needs, from `make build` and `make e2e-tools` on a build machine: _out/bin/{nvidia-cdi-hook,
-# ldconfig,nvidia-ctk,cdi-e2e}, _out/containers/nvidia-driver/, and runc (in PATH, or
-# Debian's .deb files in _out/debs/, unpacked here).
+# ldconfig,nvidia-ctk,cdi-e2e,nvidia-device-plugin,gpu-feature-discovery,kubelet-e2e},
+# _out/e2e/*.yaml (hack/render-consumers.sh), _out/containers/nvidia-driver/, and runc (in
+# PATH, or Debian's .deb files in _out/debs/, unpacked here).
 set -uo pipefail
 top=$(cd "$(dirname "$0")/.." && pwd)
 tree=${1:-/usr/local/nvidia}
@@ -78,8 +81,10 @@ mount -t tmpfs e2e-run /run && mount --make-shared /run
 mount -t tmpfs e2e-usr-local /usr/local
 mkdir -p /usr/local/glibc && mount --bind -o ro "$W/subroot" /usr/local/glibc
 # /usr/bin and /usr/sbin: the extension's hook and static ldconfig (also as /sbin/ldconfig,
-# the update-ldcache hook's default), over the host's through an overlay.
-for d in /usr/bin /usr/sbin; do
+# the update-ldcache hook's default), over the host's through an overlay. /etc and /var/lib:
+# overlays too, so that what the pods write there (NFD feature files, the kubelet's
+# device-plugin sockets) stays in this namespace.
+for d in /usr/bin /usr/sbin /etc /var/lib; do
   n=$(echo "$d" | tr / _)
   mkdir -p "$W/ov$n/upper" "$W/ov$n/work"
   mount -t overlay "e2e$n" -o "lowerdir=$d,upperdir=$W/ov$n/upper,workdir=$W/ov$n/work" "$d"
@@ -106,15 +111,20 @@ result "hook runs in a root with no loader but the subroot's" $r
 C=$out/containers/nvidia-driver
 svc() { "$C/lib64/ld-linux-x86-64.so.2" --library-path "$C/lib/x86_64-linux-gnu" "$C/usr/bin/nvidia-driver" "$@"; }
 export NVIDIA_DRIVER_SUBROOT=/usr/local/glibc NVIDIA_DRIVER_PERSISTENCE_MODE=false
+export NVIDIA_DRIVER_NFD_FEATURES_DIR=/etc/kubernetes/node-feature-discovery/features.d
+# service_start LOG: run the service in the background (spid) and wait until it is ready or
+# gone. exec: $! must be the service itself, so that a SIGTERM reaches it.
+service_start() {
+  ( exec "$C/lib64/ld-linux-x86-64.so.2" --library-path "$C/lib/x86_64-linux-gnu" "$C/usr/bin/nvidia-driver" run 2>"$1" ) &
+  spid=$!
+  for _ in $(seq 600); do
+    grep -q '"phase": "ready"' /run/nvidia-driver/status.json 2>/dev/null && break
+    kill -0 $spid 2>/dev/null || break
+    sleep 0.1
+  done
+}
 start=$(date +%s%N)
-# exec: $! must be the service itself, so that the SIGTERM below reaches it.
-( exec "$C/lib64/ld-linux-x86-64.so.2" --library-path "$C/lib/x86_64-linux-gnu" "$C/usr/bin/nvidia-driver" run 2>"$W/service.log" ) &
-spid=$!
-for _ in $(seq 600); do
-  grep -q '"phase": "ready"' /run/nvidia-driver/status.json 2>/dev/null && break
-  kill -0 $spid 2>/dev/null || break
-  sleep 0.1
-done
+service_start "$W/service.log"
 echo "== service log"; sed 's/^/  /' "$W/service.log"
 if grep -q '"phase": "ready"' /run/nvidia-driver/status.json 2>/dev/null; then
   result "service ready ($(( ($(date +%s%N) - start) / 1000000 )) ms): mount, device nodes, persistenced, CDI" PASS
@@ -124,6 +134,12 @@ fi
 findmnt -n -o TARGET,OPTIONS /run/nvidia/driver | grep -q '^/run/nvidia/driver *ro,' && r=PASS || r=FAIL
 result "/run/nvidia/driver mounted read-only" $r
 ls -l /dev/nvidia* | sed 's/^/  /'
+# The contract (docs/driver-root.md): the driver root's dev/ is the host's /dev, read-only,
+# device nodes open through it.
+o=$(findmnt -n -o OPTIONS /run/nvidia/driver/dev); echo "  /run/nvidia/driver/dev: $o"
+echo "$o" | grep -q '^ro,' && ! echo "$o" | grep -q nodev && [ "$(stat -c %d:%i /dev)" = "$(stat -c %d:%i /run/nvidia/driver/dev)" ] \
+  && (exec 3</run/nvidia/driver/dev/nvidiactl) && r=PASS || r=FAIL
+result "/run/nvidia/driver/dev is the host's /dev, read-only, nodes open" $r
 [ -S /run/nvidia/driver/run/nvidia-persistenced/socket ] && r=PASS || r=FAIL
 result "persistenced socket visible under the driver root" $r
 echo "  service RSS after bring-up: $(awk '/VmRSS/{print $2, $3}' /proc/$spid/status)"
@@ -133,12 +149,6 @@ echo "== compare our spec with nvidia-ctk's"
 "$out/bin/cdi-e2e" compare /run/cdi/nvidia.yaml "$W/ctk.yaml" | sed 's/^/  /'
 [ "${PIPESTATUS[0]}" = 0 ] && r=PASS || r=FAIL
 result "our spec covers nvidia-ctk's (names, device nodes, mounts)" $r
-
-mkdir -p "$W/dp"
-echo "[$(date +%T)] device-plugin-style spec" >&2
-timeout 60 "$C/lib64/ld-linux-x86-64.so.2" --library-path "$C/lib/x86_64-linux-gnu" "$C/usr/bin/nvidia-driver" cdi generate --driver-root /run/nvidia/driver --vendor k8s.device-plugin.nvidia.com --ldconfig-path "" \
-  --output "$W/dp/k8s.device-plugin.nvidia.com-gpu.yaml" 2>"$W/dp.log" && r=PASS || { r=FAIL; cat "$W/dp.log"; }
-result "device-plugin-style spec generated" $r
 
 # ---- workloads with plain runc -------------------------------------------------------------
 . "$top/hack/e2e-lib.sh"
@@ -154,12 +164,11 @@ result "ours, nvidia.com/gpu=all: CUDA matmul in PyTorch is right" $r
 out3=$(ctr control /run/cdi "" /opt/torch/.venv/bin/python3 -c "$torch"); echo "$out3" | tail -2 | sed 's/^/  /'
 echo "$out3" | grep -q '^sum 1073741824' && r=FAIL || r=PASS
 result "control, no CDI edits: CUDA fails" $r
-out4=$(ctr dp-smi "$W/dp" k8s.device-plugin.nvidia.com/gpu=all nvidia-smi -L); echo "$out4" | sed 's/^/  /'
-echo "$out4" | grep -q '^GPU 0: ' && r=PASS || r=FAIL
-result "device plugin's spec: nvidia-smi -L lists the GPU" $r
-out5=$(ctr dp-torch "$W/dp" k8s.device-plugin.nvidia.com/gpu=all /opt/torch/.venv/bin/python3 -c "$torch"); echo "$out5" | tail -2 | sed 's/^/  /'
-echo "$out5" | grep -q '^sum 1073741824' && r=PASS || r=FAIL
-result "device plugin's spec: CUDA matmul in PyTorch is right" $r
+
+# ---- NVIDIA's consumers: the device plugin (its own spec) and GPU feature discovery ---------
+if [ -z "${E2E_SKIP_CONSUMERS:-}" ]; then
+  E2E_TORCH=$torch . "$top/hack/e2e-consumers.sh"
+fi
 
 if [ "$E2E_GPUS" -ge 2 ]; then
   second=$E2E_SECOND
@@ -191,6 +200,15 @@ ms=$(( ($(date +%s%N) - t0) / 1000000 ))
 result "SIGTERM: service exit code $rc after $ms ms" $r
 pgrep -f 'bin/nvidia-persistenced' >/dev/null && r=FAIL || r=PASS
 result "nvidia-persistenced stopped with the service" $r
-findmnt -n /run/nvidia/driver >/dev/null && r=PASS || r=FAIL
-result "driver root still mounted after the service stopped" $r
+findmnt -n /run/nvidia/driver >/dev/null && findmnt -n /run/nvidia/driver/dev >/dev/null && r=PASS || r=FAIL
+result "driver root and its dev/ still mounted after the service stopped" $r
+
+# A restart (every ExtensionServiceConfig change is one) reuses both mounts, stacks nothing.
+service_start "$W/service2.log"
+grep -E 'reusing|replacing|mounted|bound' "$W/service2.log" | sed 's/^/  /'
+n1=$(awk '$5 == "/run/nvidia/driver"' /proc/self/mountinfo | wc -l); n2=$(awk '$5 == "/run/nvidia/driver/dev"' /proc/self/mountinfo | wc -l)
+grep -q 'driver root already mounted by an earlier run' "$W/service2.log" && grep -q 'host /dev already bound under the driver root' "$W/service2.log" \
+  && [ "$n1" = 1 ] && [ "$n2" = 1 ] && r=PASS || r=FAIL
+result "restart: both mounts reused ($n1 at the driver root, $n2 at its dev/)" $r
+kill -TERM $spid; wait $spid
 exit $fail

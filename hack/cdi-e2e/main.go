@@ -4,6 +4,7 @@
 //
 //	cdi-e2e inject --spec-dir DIR --config BUNDLE/config.json [--device nvidia.com/gpu=all ...] [--rootfs DIR] -- ARGS...
 //	cdi-e2e compare OURS THEIRS
+//	cdi-e2e hostpaths SPEC...
 //	cdi-e2e bench -n 10 --a "CMD..." --b "CMD..."
 package main
 
@@ -27,7 +28,7 @@ import (
 
 func main() {
 	if len(os.Args) < 2 {
-		fmt.Fprintln(os.Stderr, "usage: cdi-e2e inject|compare|bench ...")
+		fmt.Fprintln(os.Stderr, "usage: cdi-e2e inject|compare|bench|hostpaths ...")
 		os.Exit(2)
 	}
 
@@ -40,6 +41,8 @@ func main() {
 		err = compare(os.Args[2:])
 	case "bench":
 		err = bench(os.Args[2:])
+	case "hostpaths":
+		err = hostPaths(os.Args[2:])
 	default:
 		err = fmt.Errorf("unknown command %q", os.Args[1])
 	}
@@ -109,6 +112,72 @@ func inject(args []string) error {
 	}
 
 	return os.WriteFile(*config, out, 0o644)
+}
+
+// hostPaths checks that every host path a spec names exists here: device nodes (hostPath,
+// or path when it has none), mount sources and hook programs, in the common edits and in
+// every device. runc resolves them in the mount namespace it runs in, which is this one.
+func hostPaths(args []string) error {
+	if len(args) == 0 {
+		return fmt.Errorf("usage: hostpaths SPEC...")
+	}
+
+	missing := 0
+
+	for _, file := range args {
+		spec, err := cdi.ReadSpec(file, 0)
+		if err != nil {
+			return err
+		}
+
+		edits := []struct {
+			where string
+			edits specs.ContainerEdits
+		}{{"containerEdits", spec.ContainerEdits}}
+		for _, d := range spec.Devices {
+			edits = append(edits, struct {
+				where string
+				edits specs.ContainerEdits
+			}{"device " + d.Name, d.ContainerEdits})
+		}
+
+		check := func(where, kind, path string) {
+			_, err := os.Stat(path)
+			state := "ok"
+
+			if err != nil {
+				state = "MISSING"
+				missing++
+			}
+
+			fmt.Printf("%-8s %-12s %s (%s)\n", state, kind, path, where)
+		}
+
+		for _, e := range edits {
+			for _, n := range e.edits.DeviceNodes {
+				p := n.HostPath
+				if p == "" {
+					p = n.Path
+				}
+
+				check(e.where, "deviceNode", p)
+			}
+
+			for _, m := range e.edits.Mounts {
+				check(e.where, "mount", m.HostPath)
+			}
+
+			for _, h := range e.edits.Hooks {
+				check(e.where, "hook", h.Path)
+			}
+		}
+	}
+
+	if missing > 0 {
+		return fmt.Errorf("%d host path(s) named in %s do not exist", missing, strings.Join(args, ", "))
+	}
+
+	return nil
 }
 
 // compare checks that our spec offers what nvidia-ctk's offers: the same device names,

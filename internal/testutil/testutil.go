@@ -50,12 +50,12 @@ func Subroot(t testing.TB) string {
 	top := RepoRoot(t)
 	dir := filepath.Join(top, "_out", "subroot-debian")
 
-	if _, err := os.Stat(filepath.Join(dir, "usr/lib64/libnvidia-ml.so.1")); err == nil {
+	if subrootCurrent(dir) {
 		return dir
 	}
 
 	withLock(t, filepath.Join(top, "_out", ".subroot.lock"), func() {
-		if _, err := os.Stat(filepath.Join(dir, "usr/lib64/libnvidia-ml.so.1")); err == nil {
+		if subrootCurrent(dir) {
 			return
 		}
 
@@ -66,6 +66,18 @@ func Subroot(t testing.TB) string {
 	})
 
 	return dir
+}
+
+// subrootCurrent: built, and with the layout's newest piece (the dev/ mount point), so an
+// older fixture left in _out is rebuilt rather than failing every check.
+func subrootCurrent(dir string) bool {
+	for _, p := range []string{"usr/lib64/libnvidia-ml.so.1", "dev"} {
+		if _, err := os.Stat(filepath.Join(dir, p)); err != nil {
+			return false
+		}
+	}
+
+	return true
 }
 
 // ServiceBinary builds the service from the working tree (cached by go build) into

@@ -24,6 +24,7 @@ const (
 	ConsumerService      = "nvidia-driver service and nvidia-cdi-hook"
 	ConsumerPersistenced = "nvidia-persistenced"
 	ConsumerLdcache      = "CDI update-ldcache hook"
+	ConsumerDevRoot      = "device plugin, DRA driver and GPU Operator validator (device nodes at <driver root>/dev)"
 )
 
 // Library directories each consumer searches, relative to the driver root.
@@ -246,11 +247,17 @@ func (c *checker) executable(rel, consumer string) {
 	}
 }
 
-// checkDevDir: the device plugin uses the driver root as its device root when it has a dev
-// directory, and then finds no device nodes.
+// checkDevDir: the service binds the host's /dev on the subroot's dev/ directory. The
+// device plugin, the DRA driver and the GPU Operator validator name device nodes under
+// <driver root>/dev; without the mount point they would name paths that do not exist.
 func (c *checker) checkDevDir() {
-	if st, err := os.Lstat(filepath.Join(c.root, "dev")); err == nil && st.IsDir() {
-		c.add("dev", ConsumerDevicePlugin, "must not exist: the device plugin would look for /dev/nvidia* under the driver root instead of the host's /dev")
+	st, err := os.Lstat(filepath.Join(c.root, DevDir))
+
+	switch {
+	case err != nil:
+		c.add(DevDir, ConsumerDevRoot, "missing: the empty directory on which the service binds the host's /dev")
+	case !st.IsDir():
+		c.add(DevDir, ConsumerDevRoot, "must be a directory (the mount point for the host's /dev), found %v", st.Mode().Type())
 	}
 }
 

@@ -36,6 +36,7 @@ func TestCheckEmptySubroot(t *testing.T) {
 		"/sbin/ldconfig":                driverroot.ConsumerLdcache,
 		"/etc/ld.so.cache":              driverroot.ConsumerNvcdi,
 		"/run/nvidia-persistenced":      driverroot.ConsumerNvcdi,
+		"/dev":                          driverroot.ConsumerDevRoot,
 	}
 
 	for path, consumer := range want {
@@ -86,11 +87,21 @@ func TestCheckBrokenSubroot(t *testing.T) {
 			message:  "not executable",
 		},
 		{
-			name:     "a dev directory",
-			breakIt:  func(t *testing.T, root string) { require.NoError(t, os.Mkdir(filepath.Join(root, "dev"), 0o755)) },
+			name:     "no dev directory",
+			breakIt:  remove("dev"),
 			path:     "/dev",
-			consumer: driverroot.ConsumerDevicePlugin,
-			message:  "must not exist",
+			consumer: driverroot.ConsumerDevRoot,
+			message:  "missing: the empty directory on which the service binds the host's /dev",
+		},
+		{
+			name: "dev is a symlink",
+			breakIt: func(t *testing.T, root string) {
+				require.NoError(t, os.Remove(filepath.Join(root, "dev")))
+				require.NoError(t, os.Symlink("/dev", filepath.Join(root, "dev")))
+			},
+			path:     "/dev",
+			consumer: driverroot.ConsumerDevRoot,
+			message:  "must be a directory",
 		},
 		{
 			name:     "dynamic ldconfig",

@@ -23,6 +23,10 @@ const (
 	// PersistencedSocketDir is an empty directory on which the daemon's socket directory is
 	// bind-mounted, because nvcdi looks for the socket under the driver root.
 	PersistencedSocketDir = "run/nvidia-persistenced"
+	// DevDir is an empty directory on which the service binds the host's /dev, so that the
+	// mounted driver root looks like a driver container's root to NVIDIA's consumers (see
+	// BindDev and docs/driver-root.md).
+	DevDir = "dev"
 )
 
 // Command returns the argv that runs a subroot program with the subroot's own loader and

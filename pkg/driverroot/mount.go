@@ -125,7 +125,9 @@ func mountsAt(target string) ([]*mountinfo.Info, error) {
 		clean = resolved
 	}
 
-	infos, err := mountinfo.GetMounts(mountinfo.SingleEntryFilter(clean))
+	// Not mountinfo.SingleEntryFilter: it stops at the first entry, and stacked mounts at
+	// one mount point are exactly what this must see.
+	infos, err := mountinfo.GetMounts(func(m *mountinfo.Info) (skip, stop bool) { return m.Mountpoint != clean, false })
 	if err != nil {
 		return nil, fmt.Errorf("reading the mount table: %w", err)
 	}

@@ -106,8 +106,13 @@ func TestDevImageRoundTrip(t *testing.T) {
 		assert.NoError(t, err, p)
 	}
 
-	_, err = os.Lstat(filepath.Join(extracted, "rootfs/usr/local/glibc/dev"))
-	assert.True(t, os.IsNotExist(err), "no dev/ in the subroot")
+	// The mount point for the host's /dev (docs/driver-root.md): an empty directory, and an
+	// image that lost it is refused.
+	devDir, err := os.ReadDir(filepath.Join(extracted, "rootfs/usr/local/glibc/dev"))
+	require.NoError(t, err, "the subroot's dev/ mount point")
+	assert.Empty(t, devDir, "dev/ ships empty")
+	require.NoError(t, os.Remove(filepath.Join(extracted, "rootfs/usr/local/glibc/dev")))
+	assert.ErrorContains(t, extension.Validate(extracted, "v1.13.5"), "/usr/local/glibc/dev: missing")
 
 	// Talos (a newer release) refuses it: the manifest pins v1.13.5.
 	newer := semver.MustParse("1.13.6")
@@ -220,6 +225,14 @@ func TestBadBuildsFail(t *testing.T) {
 				require.NoError(t, os.Remove(filepath.Join(o.Payload, "usr/lib64/libnvidia-ml.so.1")))
 			},
 			want: []string{"driver payload", "/usr/lib64/libnvidia-ml.so.1"},
+		},
+		{
+			name: "payload without the dev/ mount point",
+			plant: func(t *testing.T, o *extension.Options) {
+				o.Payload = testutil.CopyTree(t, o.Payload)
+				require.NoError(t, os.Remove(filepath.Join(o.Payload, "dev")))
+			},
+			want: []string{"driver payload", "/dev: missing: the empty directory on which the service binds the host's /dev"},
 		},
 	}
 

@@ -31,7 +31,9 @@ import (
 //   - every program run directly finds its ELF interpreter and libraries where it runs: the
 //     service entrypoint inside its container root filesystem, the programs in /usr/bin on
 //     the host (whose only glibc is the one the extension brings);
-//   - /usr/bin/ldconfig is static (the CDI hook copies it into containers).
+//   - /usr/bin/ldconfig is static (the CDI hook copies it into containers);
+//   - the glibc subroot passes driverroot.Check (check-root), as the builder's payload did:
+//     an image whose packing lost a piece (the empty dev/ mount point, say) is refused.
 //
 // It reports every problem it finds, each naming the node path at fault.
 func Validate(dir, talosVersion string) error {
@@ -56,12 +58,24 @@ func Validate(dir, talosVersion string) error {
 	errs = append(errs, worldWritable(rootfs)...)
 	errs = append(errs, checkServices(rootfs)...)
 	errs = append(errs, checkHostPrograms(rootfs)...)
+	errs = append(errs, checkSubroot(rootfs)...)
 
 	if len(errs) > 0 {
 		return fmt.Errorf("extension %s is invalid, %d problem(s):\n%w", dir, len(errs), errors.Join(errs...))
 	}
 
 	return nil
+}
+
+// checkSubroot reports the subroot's problems with their node paths.
+func checkSubroot(rootfs string) []error {
+	var errs []error
+
+	for _, p := range driverroot.Check(filepath.Join(rootfs, SubrootPath)).Problems {
+		errs = append(errs, fmt.Errorf("%s: %s (needed by %s)", filepath.Join("/", SubrootPath, p.Path), p.Message, p.Consumer))
+	}
+
+	return errs
 }
 
 func worldWritable(rootfs string) []error {

@@ -154,6 +154,12 @@ func (r *Runner) bringUp(ctx context.Context) error {
 
 	r.status.update(func(s *Status) { s.DeviceNodes = len(nodes.Nodes) }) //nolint:errcheck
 
+	// The driver root's dev/ shows the host's /dev, as a driver container's root does: the
+	// device plugin, DRA driver and GPU Operator validator look for device nodes there.
+	if _, err := driverroot.BindDev(r.log, r.cfg.Host("/dev"), mount); err != nil {
+		return fmt.Errorf("binding the host's /dev under the driver root: %w", err)
+	}
+
 	var gpus []gpu.GPU
 
 	err = r.waitFor(ctx, "a GPU that NVML can see", func() error {
