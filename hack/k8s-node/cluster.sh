@@ -88,7 +88,8 @@ outer() {
 	# The PID namespace is gone, and with it every process; what is left is host state.
 	set_sysctls "${saved[@]}" || log "could not restore ${saved[*]}"
 	remove_cgroups
-	[[ $created_run_containerd == 1 ]] && rmdir /run/containerd 2>/dev/null
+	# containerd's state there (sockets, task directories) outlives it; its mounts do not.
+	if [[ $created_run_containerd == 1 ]]; then rm -rf /run/containerd; fi
 	if [[ -n $logs ]]; then
 		mkdir -p "$logs"
 		cp -r "$W/logs/." "$logs/" 2>/dev/null || true
@@ -167,6 +168,10 @@ setup_network() {
 }
 
 setup_mounts() {
+	# / shared, as on Talos: pods mount host paths with HostToContainer propagation (the
+	# validator mounts / itself), which needs a shared or slave source. Made in this
+	# namespace only; whatever it is a slave of stays untouched.
+	mount --make-rshared /
 	# The node's state directories, private to this namespace.
 	local d
 	for d in /var/lib /var/log; do
@@ -179,6 +184,8 @@ setup_mounts() {
 		mount --make-shared /run
 	fi
 	mkdir -p /run/containerd /run/cdi
+	# The kubelet's OOM watcher reads the kernel log; a harness's throwaway /dev lacks it.
+	[[ -e /dev/kmsg ]] || mknod -m 0600 /dev/kmsg c 1 11
 }
 
 setup_pki() {
