@@ -7,7 +7,7 @@
 #   bin/containerd, bin/ctr, bin/containerd-shim-runc-v2   containerd 2.2.5
 #   bin/runc          runc 1.4.3, static, with seccomp (Talos's kubelet defaults to the
 #                     RuntimeDefault seccomp profile)
-#   bin/base-spec     prints Talos's CRI base runtime spec (see runtime/base-spec)
+#   base-spec.json    Talos's CRI base runtime spec for this platform (see runtime/base-spec)
 #   bin/node-setup    the node's network namespace and certificates (see runtime/node-setup)
 #   cni/bridge, cni/host-local, cni/loopback   the CNI plugins the test node uses
 # Rebuilds a module's programs only when its go.mod, go.sum, sources or this script changed. Needs gcc and
@@ -64,7 +64,9 @@ if [[ "$(cat "$out/.stamp-runtime" 2>/dev/null)" != "$runtime_stamp" ]]; then
 		github.com/containernetworking/plugins/plugins/main/bridge \
 		github.com/containernetworking/plugins/plugins/ipam/host-local \
 		github.com/containernetworking/plugins/plugins/main/loopback
-	CGO_ENABLED=0 go build -trimpath -o "$out/bin/" -ldflags "-s -w" ./base-spec ./node-setup
+	CGO_ENABLED=0 go build -trimpath -o "$out/bin/" -ldflags "-s -w" ./node-setup
+	# The base spec depends on the platform only: made here, so the node needs no extra program.
+	go run ./base-spec >"$out/base-spec.json"
 	echo "$runtime_stamp" >"$out/.stamp-runtime"
 fi
 

@@ -176,6 +176,9 @@ setup_mounts() {
 	local d
 	for d in /var/lib /var/log; do
 		mkdir -p "$W/root$d"
+		# containerd's overlayfs snapshotter cannot put its layers on an overlay filesystem
+		# (a container's root, as on some CI and GPU hosts): use memory there.
+		[[ $(stat -fc %T "$W/root$d") == overlayfs ]] && mount -t tmpfs -o size=16g k8s-node-state "$W/root$d"
 		mount --bind "$W/root$d" "$d"
 	done
 	if [[ ${K8S_NODE_GPU:-0} == 0 ]]; then
@@ -300,7 +303,7 @@ version = 3
 [plugins."io.containerd.nri.v1.nri"]
   disable = true
 EOF
-	"$bin/bin/base-spec" >"$W/cri/conf.d/base-spec.json"
+	cp "$bin/base-spec.json" "$W/cri/conf.d/base-spec.json"
 	# What a user would put in /etc/cri/conf.d/20-customization.part, plus the test node's
 	# CNI paths (Talos: /opt/cni/bin and /etc/cni/net.d).
 	cat >"$W/cri/conf.d/20-customization.part" <<EOF

@@ -17,6 +17,9 @@ chmod 755 "$logs"
 run() {
 	echo "== host: $(uname -r), cgroup fs $(stat -fc %T /sys/fs/cgroup), $(nproc) cpus"
 	nvidia-smi -L
+	echo "tools: nvcc $(command -v nvcc || ls /usr/local/cuda/bin/nvcc), python3 $(command -v python3), /sbin/ldconfig: $(file -L /sbin/ldconfig 2>/dev/null | cut -c1-80)"
+	echo "filesystems: /tmp $(stat -fc %T /tmp), / $(stat -fc %T /)"
+	hack/k8s-node/images.sh pack || return 1
 	hack/build-subroot.sh host _out/subroot-host || return 1
 	_out/bin/extension -out _out -name nvidia-driver-dev-host -payload _out/subroot-host || return 1
 	PATH=$top/_out/k8s-node/bin:$PATH _out/bin/harness -extension _out/extensions/nvidia-driver-dev-host \

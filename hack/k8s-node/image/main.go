@@ -14,7 +14,7 @@ import (
 
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 
-	"github.com/talos-nvidia/nvidia-driver/pkg/extension"
+	"github.com/talos-nvidia/nvidia-driver/pkg/ociimage"
 )
 
 // listFlag collects a repeated flag.
@@ -63,7 +63,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 
 	cfg := v1.Config{Env: env, Entrypoint: strings.Fields(*entrypoint)}
 
-	digest, err := extension.WriteDirImage(*rootfs, *out, *ref, cfg)
+	digest, err := ociimage.WriteDirImage(*rootfs, *out, *ref, cfg)
 	if err != nil {
 		fmt.Fprintln(stderr, "image:", err)
 
