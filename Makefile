@@ -7,7 +7,7 @@
 #   make extension  the development extension image (_out/extensions/), validated with Talos's code
 #   make harness    run that image's service as Talos does, with runc, and print what the host saw
 #   make flavors    re-render the release recipes (manifest.yaml, pkg.yaml, vars.yaml, flavors/)
-#   make test-k8s-node  deploy/ on a real one-node Kubernetes cluster (hack/k8s-node), no GPU needed
+#   make test-k8s-node  deploy/ on a real one-node Kubernetes cluster (hack/k8s-node), no GPU; part of make test
 
 SHELL := /bin/bash
 OUT ?= _out
@@ -51,11 +51,13 @@ deps:
 test: deps build lint
 	go test -count=1 ./...
 	cd hack/consumers && go test -count=1 ./...
+	$(MAKE) test-k8s-node
 
 lint:
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt would change:"; echo "$$out"; exit 1; fi
 	go vet ./...
 	cd hack/consumers && go vet ./...
+	cd hack/k8s-node/runtime && go vet ./...
 
 # EXTENSION_FLAGS: e.g. -name nvidia-driver-dev-host -payload _out/subroot-host (see hack/extension).
 extension: build

@@ -1,8 +1,9 @@
 # The GPU Operator's validator, driver component, as a pod shaped like the operator's
 # driver-validation init container (gpu-operator assets/state-operator-validation/
 # 0500_daemonset.yaml, its Role from 0200_role.yaml): privileged, the host's / at /host, the
-# driver root /run/nvidia/driver at the same path, /run/nvidia/validations, /dev/char. Sourced
-# by test-gpu.sh (uses its helpers); WITH_WAIT=false so that a failure shows at once.
+# driver root /run/nvidia/driver at the same path, /run/nvidia/validations, /dev/char, with the
+# setting docs/driver-root.md gives GPU Operator users. Sourced by test-gpu.sh (uses its
+# helpers); WITH_WAIT=false so that a failure shows at once.
 kubectl apply -f - >/dev/null <<EOF
 apiVersion: v1
 kind: ServiceAccount
@@ -40,6 +41,9 @@ spec:
     args: ["nvidia-validator"]
     env:
     - {name: WITH_WAIT, value: "false"}
+    # docs/driver-root.md: the driver root has a dev/, so the validator would load the kernel
+    # modules with chroot modprobe before making the /dev/char links, which the service makes.
+    - {name: DISABLE_DEV_CHAR_SYMLINK_CREATION, value: "true"}
     - {name: COMPONENT, value: driver}
     - name: OPERATOR_NAMESPACE
       valueFrom: {fieldRef: {fieldPath: metadata.namespace}}
