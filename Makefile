@@ -83,7 +83,7 @@ e2e-tools: build deploy-tools
 	go build -trimpath -o $(OUT)/bin/cdi-e2e ./hack/cdi-e2e
 	cd hack/consumers && go build -trimpath -ldflags '-s -w' -o $(abspath $(OUT))/bin/ \
 	  github.com/NVIDIA/k8s-device-plugin/cmd/nvidia-device-plugin \
-	  github.com/NVIDIA/k8s-device-plugin/cmd/gpu-feature-discovery ./kubelet-e2e
+	  github.com/NVIDIA/k8s-device-plugin/cmd/gpu-feature-discovery ./kubelet-e2e ./devchar-e2e
 	hack/render-consumers.sh $(OUT)/e2e
 	CGO_ENABLED=0 go build -trimpath -o $(OUT)/bin/persistenced-e2e ./hack/persistenced-e2e
 	mkdir -p $(OUT)/debs && cd $(OUT)/debs && apt-get download -q runc libseccomp2 >/dev/null

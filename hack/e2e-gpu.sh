@@ -12,7 +12,7 @@
 #   hack/e2e-gpu.sh [DRIVER_TREE]     (default /usr/local/nvidia)
 #
 # Needs, from `make build` and `make e2e-tools` on a build machine: _out/bin/{nvidia-cdi-hook,
-# ldconfig,nvidia-ctk,cdi-e2e,nvidia-device-plugin,gpu-feature-discovery,kubelet-e2e},
+# ldconfig,nvidia-ctk,cdi-e2e,nvidia-device-plugin,gpu-feature-discovery,kubelet-e2e,devchar-e2e},
 # _out/e2e/*.yaml (hack/render-consumers.sh), _out/containers/nvidia-driver/, and runc (in
 # PATH, or Debian's .deb files in _out/debs/, unpacked here).
 set -uo pipefail
