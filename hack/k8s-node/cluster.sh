@@ -9,12 +9,15 @@
 # (hack/k8s-node/images.sh) are imported into containerd, nothing is pulled. COMMAND runs in
 # those namespaces once the node is Ready, with KUBECONFIG (cluster-admin), K8S_NODE (the node's
 # name), K8S_NODE_DIR (the scratch directory) and PATH (kubectl, ctr) set; its exit code is
-# this script's. Afterwards every process is gone (the PID namespace ends), the kubelet's
-# cgroups are removed and the kernel settings the kubelet needs are put back.
+# this script's. Before the node starts, the kernel settings the kubelet requires are set (as
+# Talos sets them at boot); afterwards every process is gone (the PID namespace ends), the
+# kubelet's cgroups are removed and those settings are put back.
 #
 # Talos's configuration, where it matters to a GPU node (sources named where used):
 # containerd's CRI config is Talos v1.13.5's (hack/cri-containerd.toml, hack/cri-plugin.part:
-# CDI on, spec dir /run/cdi, runc with Talos's base runtime spec, NRI off); the kubelet's is
+# CDI on, spec dir /run/cdi, which is also /var/run/cdi where the device plugin writes, since
+# /var/run links to /run on Talos as on these hosts; runc with Talos's base runtime spec, NRI
+# off); the kubelet's is
 # what Talos's k8s.KubeletSpecController writes (cgroupfs, RuntimeDefault seccomp, webhook
 # authn/authz, protectKernelDefaults, ...); the API server enforces Pod Security "baseline"
 # outside kube-system as Talos's generated config does. What differs, for a test node:

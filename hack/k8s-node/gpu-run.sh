@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The Kubernetes GPU test on a GPU host, from this tree with its _out/ already built elsewhere
-# (hack/k8s-node/carry.sh packs both; nothing is built here but the host's own pieces):
+# (hack/k8s-node/carry.sh packs both and says how to unpack them; nothing is built here but
+# the host's own pieces):
 #   1. the subroot and the extension from this host's driver (hack/build-subroot.sh host,
 #      hack/extension), as docs/extension.md "Running it as Talos does" says;
 #   2. the service run as Talos runs it (hack/harness), and while it is ready
