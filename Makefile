@@ -8,6 +8,7 @@
 #   make harness    run that image's service as Talos does, with runc, and print what the host saw
 #   make flavors    re-render the generated release recipes (vars.yaml, flavors/, stages/nvidia-userspace-*)
 #   make release-image  one flavor's release image with docker buildx and bldr (FLAVOR, TALOS_VERSION, IMAGE)
+#   make test-k8s-node  deploy/ on a real one-node Kubernetes cluster (hack/k8s-node), no GPU; part of make test
 
 SHELL := /bin/bash
 OUT ?= _out
@@ -57,12 +58,14 @@ deps:
 test: deps build lint
 	go test -count=1 ./...
 	cd hack/consumers && go test -count=1 ./...
+	$(MAKE) test-k8s-node
 
 lint:
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt would change:"; echo "$$out"; exit 1; fi
 	go vet ./...
 	go vet -tags simulate ./service
 	cd hack/consumers && go vet ./...
+	cd hack/k8s-node/runtime && go vet ./...
 
 # EXTENSION_FLAGS: e.g. -name nvidia-driver-dev-host -payload _out/subroot-host (see hack/extension).
 extension: build
@@ -115,6 +118,7 @@ e2e-gpu: e2e-tools
 	hack/e2e-gpu.sh
 
 include hack/deploy.mk
+include hack/k8s-node.mk
 
 clean:
 	rm -rf $(OUT)

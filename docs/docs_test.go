@@ -304,7 +304,9 @@ func TestDocsReferencesExist(t *testing.T) {
 func makeTargets(t *testing.T) []string {
 	t.Helper()
 	var targets []string
-	for _, mk := range []string{filepath.Join(root, "Makefile"), filepath.Join(root, "hack", "deploy.mk")} {
+	included, err := filepath.Glob(filepath.Join(root, "hack", "*.mk"))
+	require.NoError(t, err)
+	for _, mk := range append([]string{filepath.Join(root, "Makefile")}, included...) {
 		data, err := os.ReadFile(mk)
 		if os.IsNotExist(err) {
 			continue

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Install what the tests need on a fresh Debian machine: runc (container tests), util-linux
-# (unshare), binutils (readelf), and the tools for the rest (dpkg-deb, apt-get already there).
+# (unshare), binutils (readelf), and the tools for the rest (dpkg-deb, apt-get already there);
+# for the Kubernetes test node (hack/k8s-node): libseccomp's static library (a static runc).
 # Idempotent; quiet when everything is present.
 set -euo pipefail
 need=()
@@ -8,6 +9,7 @@ command -v runc >/dev/null || need+=(runc)
 command -v unshare >/dev/null || need+=(util-linux)
 command -v readelf >/dev/null || need+=(binutils)
 command -v findmnt >/dev/null || need+=(util-linux)
+[ -e /usr/lib/x86_64-linux-gnu/libseccomp.a ] || need+=(libseccomp-dev)
 if [ ${#need[@]} -gt 0 ]; then
   echo "install-test-deps: installing ${need[*]}" >&2
   export DEBIAN_FRONTEND=noninteractive

@@ -1,0 +1,16 @@
+# The one-node Kubernetes test cluster (hack/k8s-node). The top-level Makefile includes this file.
+
+.PHONY: k8s-node test-k8s-node
+
+# kubelet, control plane, kubectl, etcd, containerd, runc and CNI plugins at Talos v1.13.5's
+# versions, built from the Go module proxy, and the node's images (pause, device plugin, base),
+# into _out/k8s-node. Cached: rebuilt when their go.mod/go.sum or scripts change.
+k8s-node:
+	hack/install-test-deps.sh
+	hack/k8s-node/build.sh
+	hack/k8s-node/images.sh
+
+# deploy/ on a real node without a GPU: server-side validation, scheduling by the docs' node
+# label, the device plugin held by its wait-for-driver init container (hack/k8s-node/test-cpu.sh).
+test-k8s-node: k8s-node
+	hack/k8s-node/cluster.sh -- hack/k8s-node/test-cpu.sh

@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# The Kubernetes GPU test on a GPU host, from this tree with its _out/ already built elsewhere
+# (hack/k8s-node/carry.sh packs both and says how to unpack them; nothing is built here but
+# the host's own pieces):
+#   1. the subroot and the extension from this host's driver (hack/build-subroot.sh host,
+#      hack/extension), as docs/extension.md "Running it as Talos does" says;
+#   2. the service run as Talos runs it (hack/harness), and while it is ready
+#   3. a one-node cluster (cluster.sh -gpu) running test-gpu.sh.
+# Output goes to $OUT (default /tmp/k8s-node-out): gpu-run.log and k8s-logs.tar.xz (the
+# components' logs and the test's results).
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+top=$PWD
+out=${OUT:-/tmp/k8s-node-out}
+mkdir -p "$out"
+logs=$(mktemp -d /tmp/k8s-node-logs.XXXXXX)
+chmod 755 "$logs"
+run() {
+	echo "== host: $(uname -r), cgroup fs $(stat -fc %T /sys/fs/cgroup), $(nproc) cpus"
+	nvidia-smi -L
+	echo "tools: nvcc $(command -v nvcc || ls /usr/local/cuda/bin/nvcc), python3 $(command -v python3), /sbin/ldconfig: $(file -L /sbin/ldconfig 2>/dev/null | cut -c1-80)"
+	echo "filesystems: /tmp $(stat -fc %T /tmp), / $(stat -fc %T /)"
+	hack/k8s-node/images.sh pack || return 1
+	hack/build-subroot.sh host _out/subroot-host || return 1
+	_out/bin/extension -out _out -name nvidia-driver-dev-host -payload _out/subroot-host || return 1
+	PATH=$top/_out/k8s-node/bin:$PATH _out/bin/harness -extension _out/extensions/nvidia-driver-dev-host \
+		-env NVIDIA_DRIVER_PERSISTENCE_MODE=false -until ready,failed -wait 120s -runc "$top/_out/k8s-node/bin/runc" \
+		-after-ready "K8S_NODE_RESULTS=$logs/results $top/hack/k8s-node/cluster.sh -gpu -logs $logs/components -- $top/hack/k8s-node/test-gpu.sh"
+}
+t0=$SECONDS
+run 2>&1 | tee "$out/gpu-run.log"
+rc=${PIPESTATUS[0]}
+echo "gpu-run: exit $rc after $((SECONDS - t0)) s" | tee -a "$out/gpu-run.log"
+tar -C "$logs" -cJf "$out/k8s-logs.tar.xz" .
+exit $rc

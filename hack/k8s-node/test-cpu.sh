@@ -1,0 +1,141 @@
+#!/usr/bin/env bash
+# deploy/ on a real Kubernetes node without a GPU (run inside hack/k8s-node/cluster.sh; `make
+# test-k8s-node` does both). Checks, against the real API server, scheduler, kubelet and
+# containerd:
+#   - the node runs the versions Talos v1.13.5 ships;
+#   - Pod Security is enforced as on Talos ("baseline"), so deploy/'s namespace label matters;
+#   - `kubectl apply -k deploy` passes server-side validation (dry run), then applies;
+#   - the DaemonSets schedule nowhere while the node lacks the label the docs name, and on it
+#     once it has the label (and the taint docs/examples/gpu-worker.patch.yaml registers);
+#   - the device plugin's wait-for-driver init container holds the pod until the readiness
+#     file of the service exists, then the chart's config-manager reads the node's label
+#     through the API server and the plugin starts with migStrategy none.
+# Prints PASS/FAIL lines; exits non-zero on a failure.
+set -uo pipefail
+top=$(cd "$(dirname "$0")/../.." && pwd)
+fail=0
+pass() { echo "k8s-node: $*: PASS"; }
+failed() { echo "k8s-node: $*: FAIL"; fail=1; }
+check() { # DESCRIPTION COMMAND...: PASS if COMMAND succeeds
+	local what=$1; shift
+	if "$@"; then pass "$what"; else failed "$what"; fi
+}
+until_true() { # SECONDS 'SHELL CONDITION': evaluate the condition until it holds
+	local end=$((SECONDS + $1))
+	until eval "$2" >/dev/null 2>&1; do
+		((SECONDS < end)) || return 1
+		sleep 0.5
+	done
+}
+jp() { kubectl get "$@" 2>/dev/null; } # jp KIND/NAME -o jsonpath=...
+
+ns=nvidia-gpu
+ready_dir=/run/nvidia/validations
+
+# --- versions: Talos v1.13.5's (pkg/machinery/constants)
+v=$(jp node "$K8S_NODE" -o 'jsonpath={.status.nodeInfo.kubeletVersion} {.status.nodeInfo.containerRuntimeVersion}')
+echo "  node: $v; API server: $(kubectl version -o json | grep -m1 gitVersion | tr -d ' ",')"
+check "kubelet v1.36.2 on containerd 2.2.5" test "$v" = "v1.36.2 containerd://2.2.5"
+
+# --- Pod Security as Talos configures it: a privileged pod outside a privileged namespace is refused
+out=$(kubectl run psa-probe --image=talos-nvidia/k8s-node-base:test --restart=Never \
+	--overrides='{"spec":{"containers":[{"name":"p","image":"talos-nvidia/k8s-node-base:test","securityContext":{"privileged":true}}]}}' \
+	--dry-run=server 2>&1)
+if echo "$out" | grep -q 'violates PodSecurity "baseline:latest"'; then
+	pass "Pod Security baseline refuses a privileged pod in namespace default"
+else
+	failed "Pod Security baseline in namespace default: $out"
+fi
+
+# --- deploy/ against the real API server. A server-side dry run creates nothing, so the
+# namespace that the rest goes into must exist first.
+check "kubectl apply -k deploy/namespace --server-side" kubectl apply -k "$top/deploy/namespace" --server-side
+out=$(kubectl apply -k "$top/deploy" --server-side --dry-run=server 2>&1)
+rc=$?
+echo "$out" | sed 's/^/  /'
+check "kubectl apply -k deploy --server-side --dry-run=server" test $rc = 0
+if ! kubectl apply -k "$top/deploy" --server-side >/dev/null; then
+	failed "kubectl apply -k deploy --server-side"
+fi
+for ds in nvidia-device-plugin dcgm-exporter; do
+	check "DaemonSet $ns/$ds exists" kubectl -n $ns get ds $ds -o name
+done
+
+# --- scheduling: nowhere without the label the docs name (docs/kubernetes.md "Node labels")
+synced() { # DS: its controller has seen the current spec
+	[ "$(jp -n $ns ds "$1" -o 'jsonpath={.status.observedGeneration}')" = \
+		"$(jp -n $ns ds "$1" -o 'jsonpath={.metadata.generation}')" ]
+}
+scheduled() { jp -n $ns ds "$1" -o 'jsonpath={.status.desiredNumberScheduled}'; }
+for ds in nvidia-device-plugin dcgm-exporter; do
+	until_true 60 'synced $ds'
+	sleep 2 # a pod created now would show in the status of the next sync
+	n=$(scheduled $ds)
+	check "$ds schedules on no node while the node lacks nvidia.com/gpu.present (desired: $n)" test "$n" = 0
+done
+grep -q 'nvidia.com/gpu.present: "true"' "$top/docs/examples/gpu-worker.patch.yaml" ||
+	failed "docs/examples/gpu-worker.patch.yaml no longer sets nvidia.com/gpu.present: \"true\""
+kubectl label node "$K8S_NODE" nvidia.com/gpu.present=true >/dev/null
+for ds in nvidia-device-plugin dcgm-exporter; do
+	until_true 60 'test "$(scheduled $ds)" = 1'
+	n=$(scheduled $ds)
+	check "$ds schedules on the labelled, tainted node (desired: $n)" test "$n" = 1
+done
+plugin_pod() { jp -n $ns pod -l app.kubernetes.io/name=nvidia-device-plugin -o 'jsonpath={.items[0].metadata.name}'; }
+until_true 60 'test -n "$(plugin_pod)"'
+pod=$(plugin_pod)
+check "device plugin pod $pod is bound to $K8S_NODE" test "$(jp -n $ns pod "$pod" -o 'jsonpath={.spec.nodeName}')" = "$K8S_NODE"
+
+# --- the wait-for-driver init container holds the plugin until the service's readiness file
+init_state() { # NAME: running, terminated:<code> or waiting
+	local s
+	s=$(jp -n $ns pod "$pod" -o "jsonpath={.status.initContainerStatuses[?(@.name==\"$1\")].state}")
+	case $s in
+	*'"running"'*) echo running ;;
+	*'"terminated"'*) echo "terminated:$(jp -n $ns pod "$pod" -o "jsonpath={.status.initContainerStatuses[?(@.name==\"$1\")].state.terminated.exitCode}")" ;;
+	*) echo waiting ;;
+	esac
+}
+if until_true 120 'test "$(init_state wait-for-driver)" = running'; then
+	pass "wait-for-driver is running"
+else
+	failed "wait-for-driver never ran: $(jp -n $ns pod "$pod" -o 'jsonpath={.status}')"
+	kubectl -n $ns describe pod "$pod" | tail -20
+fi
+sleep 10
+s=$(init_state wait-for-driver) main=$(jp -n $ns pod "$pod" -o 'jsonpath={.status.containerStatuses[*].state}')
+check "after 10 s without $ready_dir/nvidia-driver.ready the pod is still held (wait-for-driver $s, no container started)" \
+	test "$s" = running -a -z "$(echo "$main" | grep -e running -e terminated)"
+kubectl -n $ns logs "$pod" -c wait-for-driver | sed 's/^/  wait-for-driver: /'
+
+mkdir -p $ready_dir
+printf '{"node":"%s","simulated":"by test-cpu.sh"}\n' "$K8S_NODE" >$ready_dir/nvidia-driver.ready.tmp
+mv $ready_dir/nvidia-driver.ready.tmp $ready_dir/nvidia-driver.ready
+if until_true 60 'test "$(init_state wait-for-driver)" = terminated:0'; then
+	pass "wait-for-driver exits 0 once the readiness file exists"
+else
+	failed "wait-for-driver after the readiness file: $(init_state wait-for-driver)"
+fi
+# The chart's config-manager (ONESHOT) reads the node's nvidia.com/device-plugin.config label
+# from the API server (in-cluster config, the kubernetes Service) and writes the config.
+if until_true 90 'test "$(init_state nvidia-device-plugin-init)" = terminated:0' &&
+	kubectl -n $ns logs "$pod" -c nvidia-device-plugin-init | grep -q 'Successfully updated to config: none'; then
+	pass "the chart's config-manager read the node's labels through the API server and chose config none"
+else
+	failed "config-manager init: $(init_state nvidia-device-plugin-init)"
+	kubectl -n $ns logs "$pod" -c nvidia-device-plugin-init | tail -10
+fi
+# Then the plugin itself starts, loads that configuration, and, on a machine without NVIDIA's
+# driver, stops there: its CDI strategy needs NVML.
+plugin_logs() { kubectl -n $ns logs "$pod" -c nvidia-device-plugin-ctr 2>&1; kubectl -n $ns logs "$pod" -c nvidia-device-plugin-ctr --previous 2>/dev/null; }
+until_true 60 'plugin_logs | grep -q "Loading configuration"'
+logs=$(plugin_logs)
+echo "$logs" | head -12 | sed 's/^/  plugin: /'
+if echo "$logs" | grep -q 'Loading configuration' && echo "$logs" | grep -q 'only supported on NVML-based systems'; then
+	pass "the device plugin started, loaded its configuration, and stopped for want of NVML (no GPU here)"
+else
+	failed "the device plugin's start"
+fi
+
+kubectl -n $ns get pods -o wide
+exit $fail

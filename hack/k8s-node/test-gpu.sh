@@ -1,0 +1,212 @@
+#!/usr/bin/env bash
+# GPU pods from NVIDIA's device plugin on a real Kubernetes node, on a host where the
+# extension's service has brought the GPU up (run inside hack/k8s-node/cluster.sh -gpu, itself
+# run by the harness while the service is ready; hack/k8s-node/gpu-run.sh does all of it):
+#   - deploy/ as it renders, applied server-side; the node labelled as the docs say;
+#   - the node reports nvidia.com/gpu: 1 allocatable, from the plugin's registration;
+#   - the plugin's CDI spec names only host paths that exist;
+#   - a pod asking for one GPU runs nvidia-smi -L and a CUDA program that checks its own
+#     result (hack/k8s-node/workload/vecadd.cu, built here with the host's nvcc); a second
+#     such pod stays Pending (Insufficient nvidia.com/gpu) until the first is done, then runs;
+#   - pod start (created -> Running) with and without a GPU, and containerd's StartContainer
+#     time (runc create with the CDI hooks, and start) for both;
+#   - the GPU Operator's validator, driver component, against /run/nvidia/driver, as a pod
+#     (hack/k8s-node/validator.sh).
+# Prints PASS/FAIL lines and MEASURE lines; exits non-zero on a failure.
+set -uo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+top=$(cd "$here/../.." && pwd)
+fail=0
+pass() { echo "k8s-node-gpu: $*: PASS"; }
+failed() { echo "k8s-node-gpu: $*: FAIL"; fail=1; }
+check() { local what=$1; shift; if "$@"; then pass "$what"; else failed "$what"; fi; }
+until_true() { # SECONDS 'SHELL CONDITION': evaluate the condition until it holds
+	local end=$((SECONDS + $1))
+	until eval "$2" >/dev/null 2>&1; do ((SECONDS < end)) || return 1; sleep 0.5; done
+}
+jp() { kubectl get "$@" 2>/dev/null; }
+ns=nvidia-gpu
+logs=${K8S_NODE_RESULTS:-$K8S_NODE_DIR/logs}
+mkdir -p "$logs"
+
+# --- the device plugin from deploy/
+kubectl label node "$K8S_NODE" nvidia.com/gpu.present=true >/dev/null
+if kubectl apply -k "$top/deploy" --server-side >/dev/null; then pass "kubectl apply -k deploy --server-side"; else failed "kubectl apply -k deploy"; fi
+alloc() { jp node "$K8S_NODE" -o 'jsonpath={.status.allocatable.nvidia\.com/gpu}'; }
+t0=$SECONDS
+plugin_restarts() { jp -n $ns pod -l app.kubernetes.io/name=nvidia-device-plugin -o 'jsonpath={.items[0].status.containerStatuses[?(@.name=="nvidia-device-plugin-ctr")].restartCount}'; }
+# Until the plugin registers, or gives up: a crash loop shows in its restarts.
+if until_true 150 'test "$(alloc)" = 1 -o "$(plugin_restarts)" -ge 3 2>/dev/null' && test "$(alloc)" = 1; then
+	pass "the node reports nvidia.com/gpu: 1 allocatable ($((SECONDS - t0)) s after apply)"
+else
+	failed "nvidia.com/gpu allocatable: '$(alloc)'"
+	kubectl -n $ns get pods -o wide
+	for p in $(kubectl -n $ns get pods -o name); do kubectl -n $ns describe "$p" | tail -25; done
+fi
+plugin=$(jp -n $ns pod -l app.kubernetes.io/name=nvidia-device-plugin -o 'jsonpath={.items[0].metadata.name}')
+kubectl -n $ns logs "$plugin" -c nvidia-device-plugin-ctr >"$logs/device-plugin.log" 2>&1
+
+# --- the plugin's own CDI spec names only host paths that exist
+spec=/var/run/cdi/k8s.device-plugin.nvidia.com-gpu.json
+if [[ -f $spec ]]; then
+	cp "$spec" "$logs/"
+	missing=$(python3 - "$spec" <<'EOF'
+import json, os, sys
+spec = json.load(open(sys.argv[1]))
+edits = [spec.get("containerEdits", {})] + [d.get("containerEdits", {}) for d in spec.get("devices", [])]
+paths = set()
+for e in edits:
+    for n in e.get("deviceNodes", []) or []:
+        paths.add(n.get("hostPath") or n["path"])
+    for m in e.get("mounts", []) or []:
+        paths.add(m["hostPath"])
+    for h in e.get("hooks", []) or []:
+        paths.add(h["path"])
+print("\n".join(sorted(p for p in paths if not os.path.exists(p))))
+print("# %d paths" % len(paths), file=sys.stderr)
+EOF
+)
+	check "the plugin's spec $spec names only host paths that exist${missing:+ (missing: $(echo $missing))}" test -z "$missing"
+else
+	failed "the plugin wrote no spec at $spec"
+fi
+
+# --- the workload image: vecadd built with the host's nvcc, with the host libraries it needs
+nvcc=$(command -v nvcc || ls /usr/local/cuda/bin/nvcc 2>/dev/null)
+img=talos-nvidia/k8s-node-cuda:test
+if [[ -z $nvcc ]]; then
+	failed "no nvcc on this host"
+else
+	r=$K8S_NODE_DIR/workload-rootfs
+	mkdir -p "$r/usr/bin" "$r/busybox" "$r/bin" "$r/etc" "$r/tmp"
+	"$nvcc" -O2 -arch=sm_90 -o "$r/usr/bin/vecadd" "$here/workload/vecadd.cu" 2>"$logs/nvcc.log" ||
+		failed "nvcc: $(tail -3 "$logs/nvcc.log")"
+	# The program's libraries as the host resolves them, at the same paths.
+	# The program's libraries as the host resolves them, at the same paths, and the rest of
+	# glibc that NVIDIA's programs (nvidia-smi from the spec) need.
+	for l in $(ldd "$r/usr/bin/vecadd" | grep -o '/[^ ]*'); do
+		mkdir -p "$r$(dirname "$l")" && cp -L "$l" "$r$l"
+	done
+	libc=$(ldd "$r/usr/bin/vecadd" | grep -o '/[^ ]*/libc\.so\.6')
+	for l in libpthread.so.0 libdl.so.2 librt.so.1 libm.so.6; do
+		[[ -e $(dirname "$libc")/$l ]] && cp -L "$(dirname "$libc")/$l" "$r$(dirname "$libc")/"
+	done
+	cp "$K8S_NODE_IMAGES/busybox" "$r/busybox/busybox"
+	for a in $("$r/busybox/busybox" --list); do [[ $a == busybox ]] || ln -sf busybox "$r/busybox/$a"; done
+	ln -sf /busybox/sh "$r/bin/sh"
+	"$K8S_NODE_IMAGES/image" -rootfs "$r" -ref "$img" -out "$K8S_NODE_DIR/cuda.tar" \
+		-env PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin:/busybox >/dev/null &&
+		ctr -n k8s.io images import "$K8S_NODE_DIR/cuda.tar" >/dev/null || failed "building the workload image"
+fi
+
+pod() { # NAME GPUS COMMAND: a pod of the workload image, tolerating the GPU node's taint
+	local res=""
+	[[ $2 -gt 0 ]] && res="resources: {limits: {nvidia.com/gpu: $2}}"
+	# (The test pods run as root: Talos warns about, but allows, what "restricted" would refuse.)
+	kubectl apply -f - 2>&1 >/dev/null <<EOF | grep -v '^Warning: would violate PodSecurity'
+apiVersion: v1
+kind: Pod
+metadata: {name: $1, labels: {k8s-node-test: $1}}
+spec:
+  restartPolicy: Never
+  tolerations: [{key: nvidia.com/gpu, operator: Exists, effect: NoSchedule}]
+  containers:
+  - name: work
+    image: $img
+    imagePullPolicy: Never
+    command: ["/bin/sh", "-c", "$3"]
+    $res
+EOF
+}
+watch_phases() { # NAME: time-stamped phase changes into $K8S_NODE_DIR/NAME.phases
+	kubectl get pods -l k8s-node-test="$1" -w --no-headers -o custom-columns=P:.status.phase 2>/dev/null |
+		while read -r p; do echo "$(date +%s.%N) $p"; done >"$K8S_NODE_DIR/$1.phases" &
+}
+phase() { jp pod "$1" -o 'jsonpath={.status.phase}'; }
+# state POD: the phase, or the reason its container waits when that is an error.
+state() {
+	local w
+	w=$(jp pod "$1" -o 'jsonpath={.status.containerStatuses[0].state.waiting.reason}')
+	case $w in *Err* | *BackOff*) echo "$w" ;; *) phase "$1" ;; esac
+}
+done_or_failed() { case $(state "$1") in Succeeded | Failed | *Err* | *BackOff*) return 0 ;; esac; return 1; }
+explain() { # POD: why it is not where the test wanted it
+	echo "  $1: $(state "$1")"
+	kubectl describe pod "$1" | sed -n '/^Events:/,$p' | tail -8 | sed 's/^/    /'
+}
+start_seconds() { # NAME: created -> first Running, from the watch (seconds, ms precision)
+	awk 'NR==1{t0=$1} $2=="Running"&&!r{r=$1} END{if(r) printf "%.3f", r-t0; else print "none"}' "$K8S_NODE_DIR/$1.phases"
+}
+
+work='nvidia-smi -L && vecadd'
+# gpu-a holds its GPU a while so that gpu-b must wait.
+watch_phases gpu-a
+watch_phases gpu-b
+watch_phases cpu-a
+sleep 1
+pod gpu-a 1 "$work && sleep 20"
+until_true 60 'test "$(phase gpu-a)" = Running || done_or_failed gpu-a' || explain gpu-a
+pod gpu-b 1 "$work"
+sleep 5
+reason=$(jp pod gpu-b -o 'jsonpath={.status.conditions[?(@.type=="PodScheduled")].reason}: {.status.conditions[?(@.type=="PodScheduled")].message}')
+check "the second GPU pod is Pending while the first runs ($reason)" \
+	test "$(phase gpu-b)" = Pending -a "$(phase gpu-a)" = Running -a -n "$(echo "$reason" | grep 'Insufficient nvidia.com/gpu')"
+until_true 90 'done_or_failed gpu-a'
+until_true 90 'done_or_failed gpu-b'
+for p in gpu-a gpu-b; do [[ $(phase $p) == Succeeded ]] || explain $p; done
+for p in gpu-a gpu-b; do
+	out=$(kubectl logs "$p" 2>&1)
+	echo "$out" | sed "s/^/  $p: /"
+	echo "$out" >"$logs/$p.log"
+	check "$p: nvidia-smi -L lists the H200" grep -q '^GPU 0: NVIDIA H200' <<<"$out"
+	check "$p: the CUDA vector add is right on the GPU" grep -q '^vecadd: 4194304 elements ok' <<<"$out"
+	check "$p Succeeded" test "$(phase $p)" = Succeeded
+done
+# The same image and command shape without a GPU.
+pod cpu-a 0 "echo no gpu && sleep 2"
+until_true 60 'done_or_failed cpu-a'
+check "cpu-a (no GPU) Succeeded" test "$(phase cpu-a)" = Succeeded
+sleep 1
+echo "MEASURE pod start (created -> Running, from a watch): with one GPU $(start_seconds gpu-a) s, without a GPU $(start_seconds cpu-a) s"
+cat "$K8S_NODE_DIR"/{gpu-a,gpu-b,cpu-a}.phases >"$logs/phases.txt" 2>/dev/null
+
+# containerd's StartContainer (task create: runc create with the OCI hooks, then start) per container.
+python3 - "$K8S_NODE_DIR/logs/containerd.log" <<'EOF' | tee "$logs/start-container.txt"
+import json, re, sys
+from datetime import datetime
+def ts(t):
+    t = re.sub(r"(\.\d{6})\d*", r"\1", t)
+    return datetime.fromisoformat(t.replace("Z", "+00:00")).timestamp()
+pods, names, begin, took = {}, {}, {}, {}
+for line in open(sys.argv[1]):
+    try:
+        e = json.loads(line)
+    except ValueError:
+        continue
+    m = e.get("msg", "")
+    r = re.search(r'RunPodSandbox for name:"([^"]+)".* returns sandbox id "([0-9a-f]+)"', m)
+    if r:
+        pods[r.group(2)] = r.group(1)
+    r = re.search(r'CreateContainer within sandbox "([0-9a-f]+)" for name:"([^"]+)" returns container id "([0-9a-f]+)"', m)
+    if r:
+        names[r.group(3)] = pods.get(r.group(1), "?") + "/" + r.group(2)
+    r = re.match(r'StartContainer for "([0-9a-f]+)"$', m)
+    if r:
+        begin[r.group(1)] = ts(e["time"])
+    r = re.match(r'StartContainer for "([0-9a-f]+)" returns successfully', m)
+    if r and r.group(1) in begin:
+        n = names.get(r.group(1), r.group(1)[:12])
+        ms = 1000 * (ts(e["time"]) - begin[r.group(1)])
+        print("StartContainer %-45s %7.1f ms" % (n, ms))
+        took[n] = ms
+if "gpu-a/work" in took and "cpu-a/work" in took:
+    print("MEASURE containerd StartContainer (runc create with the OCI hooks, then start): with one GPU %.1f ms (gpu-a), %s without %.1f ms (cpu-a): CDI injection and hooks add %.1f ms"
+          % (took["gpu-a/work"], "gpu-b %.1f ms," % took["gpu-b/work"] if "gpu-b/work" in took else "", took["cpu-a/work"], took["gpu-a/work"] - took["cpu-a/work"]))
+EOF
+
+# --- the GPU Operator's validator, driver component, against the driver root
+. "$here/validator.sh"
+
+kubectl get pods -A -o wide >"$logs/pods.txt" 2>&1
+kubectl get node "$K8S_NODE" -o yaml >"$logs/node.yaml" 2>&1
+exit $fail
