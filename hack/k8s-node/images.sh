@@ -11,6 +11,11 @@
 #                      nvidia-validator (hack/k8s-node/validator/go.mod, CGO off as its Makefile
 #                      builds it) in /usr/bin on the same base (NVIDIA's is UBI with bash)
 #   base.tar           talos-nvidia/k8s-node-base:test, the same base alone
+#   nfd.tar            registry.k8s.io/nfd/node-feature-discovery:v0.18.2: Node Feature
+#                      Discovery's nfd-master and nfd-worker (hack/k8s-node/nfd/go.mod), static,
+#                      with its Makefile's flags, in /usr/bin on the same base (NFD's "minimal"
+#                      image is scratch)
+#   nfd-features       the service's NFD feature file writer (hack/k8s-node/nfd-features)
 #   image, busybox     the packing tool (hack/k8s-node/image) and busybox, for hosts that
 #                      assemble an image themselves (the GPU test's CUDA workload)
 # The plugin is built from its Go module (hack/k8s-node/plugin/go.mod) with cgo, as NVIDIA's
@@ -44,7 +49,7 @@ fi
 mkdir -p "$out"
 exec 9>"$out/.lock"
 flock 9
-stamp=$(cat "$here/images.sh" "$here"/{plugin,validator}/go.{mod,sum} "$here"/image/*.go "$top"/pkg/ociimage/*.go |
+stamp=$(cat "$here/images.sh" "$here"/{plugin,validator,nfd}/go.{mod,sum} "$here"/image/*.go "$top"/pkg/ociimage/*.go "$here"/nfd-features/*.go "$top"/pkg/nfd/*.go |
 	sha256sum | cut -c1-16)
 if [[ "$(cat "$out/.stamp" 2>/dev/null)" == "$stamp" ]]; then
 	exit 0
@@ -55,6 +60,8 @@ W=$(mktemp -d /tmp/k8s-node-images.XXXXXX)
 trap 'rm -rf "$W"' EXIT
 
 (cd "$top" && CGO_ENABLED=0 go build -trimpath -ldflags "-s -w" -o "$out/image" ./hack/k8s-node/image)
+# The service's NFD feature file writer, for test-cpu.sh (see nfd-features/main.go).
+(cd "$top" && CGO_ENABLED=0 go build -trimpath -ldflags "-s -w" -o "$out/nfd-features" ./hack/k8s-node/nfd-features)
 flags() { local n=$1; shift; printf '%s\n' "$@" >"$R/$n.flags"; } # NAME FLAGS...
 
 # pause: as Kubernetes' build/pause Makefile builds it (static, VERSION defined).
@@ -114,6 +121,16 @@ base validator
 flags validator -ref talos-nvidia/gpu-operator-validator:test -entrypoint /bin/sh \
 	-env "$env_path" -env NVIDIA_DISABLE_REQUIRE=true -env NVIDIA_VISIBLE_DEVICES=void \
 	-env NVIDIA_DRIVER_CAPABILITIES=utility,compute
+
+# Node Feature Discovery, as its Makefile's BUILD_FLAGS and Dockerfile (HOSTMOUNT_PREFIX /host-)
+# build it, CGO off (static).
+base nfd
+nfd=sigs.k8s.io/node-feature-discovery
+nfd_ver=$(cd "$here/nfd" && go list -m -f '{{.Version}}' $nfd)
+(cd "$here/nfd" && CGO_ENABLED=0 go build -trimpath -tags osusergo,netgo -o "$R/nfd/usr/bin/" -ldflags "-s -w \
+	-X $nfd/pkg/version.version=$nfd_ver -X $nfd/pkg/utils/hostpath.pathPrefix=/host-" \
+	$nfd/cmd/nfd-master $nfd/cmd/nfd-worker)
+flags nfd -ref "registry.k8s.io/nfd/node-feature-discovery:$nfd_ver" -entrypoint nfd-worker -env "$env_path"
 
 pack
 echo "$stamp" >"$out/.stamp"
