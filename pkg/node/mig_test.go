@@ -1,7 +1,6 @@
 package node_test
 
 import (
-	"context"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -114,26 +113,8 @@ func (m *migNode) run(layout string, cdi bool) (node.Status, string) {
 	r := node.New(slog.New(slog.NewTextHandler(&logs, nil)), cfg, m.gpus, node.WithSimulatedProc(writeProc),
 		node.WithResetter(m.gpus), node.WithBackoff(node.Backoff{Initial: 10 * time.Millisecond, Max: 20 * time.Millisecond}))
 
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-
-	go func() { done <- r.Run(ctx) }()
-
-	for deadline := time.Now().Add(20 * time.Second); time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) {
-		if p := r.Status().Phase; p == node.PhaseReady || p == node.PhaseFailed {
-			break
-		}
-	}
-
 	// Held a while longer: a retry loop would show as more calls and more log lines.
-	time.Sleep(100 * time.Millisecond)
-
-	st := r.Status()
-
-	cancel()
-	require.NoError(t, <-done)
-
-	return st, logs.String()
+	return runUntilSettled(t, r, &logs, 20*time.Second, 100*time.Millisecond)
 }
 
 // cdiDevices lists the devices of the node's CDI spec, as containerd's CDI library reads it.

@@ -58,19 +58,27 @@ func start(t *testing.T, gpus *sim.Node, migFile string, env ...string) (node.St
 	r := node.New(log, cfg, gpus, node.WithSimulatedProc(writeProc),
 		node.WithBackoff(node.Backoff{Initial: 10 * time.Millisecond, Max: 20 * time.Millisecond}))
 
+	return runUntilSettled(t, r, &logs, 10*time.Second, 0)
+}
+
+// runUntilSettled runs r until it is ready or failed (at most within), holds it for hold more
+// (a retry loop would show as more calls and log lines), stops it and returns its status and
+// log.
+func runUntilSettled(t *testing.T, r *node.Runner, logs *strings.Builder, within, hold time.Duration) (node.Status, string) {
+	t.Helper()
+
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 
 	go func() { done <- r.Run(ctx) }()
 
-	deadline := time.Now().Add(10 * time.Second)
-	for time.Now().Before(deadline) {
+	for deadline := time.Now().Add(within); time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) {
 		if p := r.Status().Phase; p == node.PhaseReady || p == node.PhaseFailed {
 			break
 		}
-
-		time.Sleep(5 * time.Millisecond)
 	}
+
+	time.Sleep(hold)
 
 	st := r.Status()
 
