@@ -130,7 +130,7 @@ result "service's NFD label nvidia.com/gpu.product=${ours:-(none)} (GFD: ${their
 # /sys/module/nvidia/refcnt exists, which needs a kernel with CONFIG_MODULE_UNLOAD (Talos's
 # has it); then it creates the control nodes that are missing, through the read-only dev/.
 # Validators before v26.3 always load modules here. What docs/driver-root.md says, per case:
-echo "== the GPU Operator validator's /dev/char step, with NVIDIA's code (docs/driver-root.md)"
+echo "== the GPU Operator validator's /dev/char step, NVIDIA's devchar code in our helper; the validator itself runs in hack/k8s-node"
 "$out/bin/devchar-e2e" --dev-char-path "$W/devchar" >"$W/devchar.log" 2>&1
 vrc=$?
 sed 's/^/  /' "$W/devchar.log"
@@ -144,9 +144,9 @@ else
   want="module loaded, no nvidia-modeset: its mknod on the read-only dev/ fails"
   [ $vrc != 0 ] && grep -q 'nvidia-modeset.*read-only file system' "$W/devchar.log" && r=PASS || r=FAIL
 fi
-result "validator v26.3.1 /dev/char step, $want" $r
+result "devchar code as validator v26.3.1 calls it (not the validator), $want" $r
 "$out/bin/devchar-e2e" --dev-char-path "$W/devchar-old" --before-v26.3 >"$W/devchar-old.log" 2>&1
 vrc=$?
 tail -1 "$W/devchar-old.log" | sed 's/^/  /'
 [ $vrc != 0 ] && grep -q "chroot: failed to run command .*/sbin/modprobe" "$W/devchar-old.log" && r=PASS || r=FAIL
-result "validator before v26.3 /dev/char step: its chroot modprobe fails" $r
+result "devchar code as validators before v26.3 call it: chroot modprobe fails" $r
