@@ -131,8 +131,31 @@ export NVIDIA_DRIVER_NFD_FEATURES_DIR=/etc/kubernetes/node-feature-discovery/fea
 # service_start LOG: run the service in the background (spid) and wait until it is ready (or
 # degraded: an NVSwitch board whose fabric is not up) or gone. exec: $! must be the service
 # itself, so that a SIGTERM reaches it.
+#
+# The service runs its NVML jobs in children of its own binary (/proc/self/exe), so it is
+# started as a container starts it, not through the loader by hand (then /proc/self/exe
+# would be the loader): a copy of the binary, changed only in its ELF interpreter (patched in
+# place: /run/e2e-ld.so, the container's loader), with the container's libraries.
+cp "$C/lib64/ld-linux-x86-64.so.2" /run/e2e-ld.so
+python3 - "$C/usr/bin/nvidia-driver" "$W/nvidia-driver" /run/e2e-ld.so <<'PY'
+import struct, sys
+src, dst, interp = sys.argv[1:]
+elf = bytearray(open(src, "rb").read())
+phoff, = struct.unpack_from("<Q", elf, 0x20)
+phentsize, phnum = struct.unpack_from("<HH", elf, 0x36)
+for i in range(phnum):
+    ph = phoff + i * phentsize
+    if struct.unpack_from("<I", elf, ph)[0] == 3:  # PT_INTERP
+        off, = struct.unpack_from("<Q", elf, ph + 8)
+        size, = struct.unpack_from("<Q", elf, ph + 32)
+        new = interp.encode() + b"\0"
+        assert len(new) <= size, "interpreter path too long"
+        elf[off:off + size] = new.ljust(size, b"\0")
+open(dst, "wb").write(elf)
+PY
+chmod 755 "$W/nvidia-driver"
 service_start() {
-  ( exec "$C/lib64/ld-linux-x86-64.so.2" --library-path "$C/lib/x86_64-linux-gnu" "$C/usr/bin/nvidia-driver" run 2>"$1" ) &
+  ( export LD_LIBRARY_PATH="$C/lib/x86_64-linux-gnu"; exec "$W/nvidia-driver" run 2>"$1" ) &
   spid=$!
   for _ in $(seq 3000); do
     grep -q '"phase": "\(ready\|degraded\)"' /run/nvidia-driver/status.json 2>/dev/null && break

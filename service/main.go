@@ -19,6 +19,7 @@ import (
 	"github.com/talos-nvidia/nvidia-driver/pkg/driverroot"
 	migcli "github.com/talos-nvidia/nvidia-driver/pkg/mig/cli"
 	"github.com/talos-nvidia/nvidia-driver/pkg/node"
+	"github.com/talos-nvidia/nvidia-driver/pkg/nvmljobs"
 )
 
 // version is set by the build (-X main.version=...).
@@ -33,6 +34,8 @@ Usage:
                                  generate the node's CDI spec (--help for the flags)
   nvidia-driver mig plan --gpu MODEL [--gpus N] [--config FILE] --select NAME [-o json]
                                  plan a MIG layout offline on simulated GPUs
+  nvidia-driver nvml-job         run one NVML job for the service (internal: a JSON request
+                                 on stdin, the answer on stdout)
   nvidia-driver version          print the version
   nvidia-driver help             this text
 
@@ -70,6 +73,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 		}
 
 		return migcli.RunPlanCLI(args[1:], stdout, stderr)
+	case nvmlJobCommand:
+		return nvmlJob(stdout, stderr)
 	case "version", "--version":
 		fmt.Fprintln(stdout, version)
 
@@ -137,7 +142,9 @@ func runService(stderr io.Writer) int {
 	}
 	logSettings(log, cfg)
 
-	serveFn := serve
+	serveFn := func(ctx context.Context, log *slog.Logger, cfg config.Config) error {
+		return serve(ctx, log, cfg, stderr)
+	}
 	if simulated != "" {
 		serveFn = func(ctx context.Context, log *slog.Logger, cfg config.Config) error {
 			return serveSimulated(ctx, log, cfg, simulated)
@@ -193,4 +200,23 @@ func logSettings(log *slog.Logger, cfg config.Config) {
 	for _, k := range keys {
 		log.Info("setting", "key", k, "from", cfg.Source[k])
 	}
+}
+
+// nvmlJobCommand runs one NVML job in a child process of the service (see pkg/nvmljobs).
+const nvmlJobCommand = "nvml-job"
+
+// nvmlJob is the child's side of an NVML job: the request on stdin, the answer on stdout, the
+// log on stderr. Talos's stop signals every process of the container: a SIGTERM ends the job's
+// context, so a MIG change under way rolls back before the child exits.
+func nvmlJob(stdout, stderr io.Writer) int {
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	defer stop()
+
+	if err := nvmljobs.Serve(ctx, os.Stdin, stdout, stderr, nvmljobs.OnSubroot); err != nil {
+		fmt.Fprintln(stderr, "nvml-job:", err)
+
+		return 1
+	}
+
+	return 0
 }

@@ -2,16 +2,30 @@ package main
 
 import (
 	"context"
+	"fmt"
+	"io"
 	"log/slog"
+	"os"
+	"time"
 
 	"github.com/talos-nvidia/nvidia-driver/pkg/config"
 	"github.com/talos-nvidia/nvidia-driver/pkg/daemons"
-	"github.com/talos-nvidia/nvidia-driver/pkg/gpu"
 	"github.com/talos-nvidia/nvidia-driver/pkg/node"
+	"github.com/talos-nvidia/nvidia-driver/pkg/nvmljobs"
 )
 
-// serve wires the node jobs together and runs them until ctx ends.
-func serve(ctx context.Context, log *slog.Logger, cfg config.Config) error {
+// nvmlJobStopWait is how long an NVML job has to stop when the service stops: within Talos's
+// 10 s between SIGTERM and SIGKILL, with time left for the daemons.
+const nvmlJobStopWait = 5 * time.Second
+
+// serve wires the node jobs together and runs them until ctx ends. The NVML work runs in
+// child processes (`nvidia-driver nvml-job`), which log to stderr as the service does.
+func serve(ctx context.Context, log *slog.Logger, cfg config.Config, stderr io.Writer) error {
+	exe, err := os.Executable()
+	if err != nil {
+		return fmt.Errorf("finding the service's own binary for its NVML jobs: %w", err)
+	}
+
 	// nvidia-persistenced logs only to syslog. Read /dev/log ourselves, so its lines show in
 	// `talosctl logs ext-nvidia-driver`, unless a syslog reader already serves it (then its
 	// lines go there). The reader outlives the runner so that the daemon's last lines get in.
@@ -35,5 +49,13 @@ func serve(ctx context.Context, log *slog.Logger, cfg config.Config) error {
 		}
 	}
 
-	return node.New(log, cfg, gpu.FromSubroot(cfg.Subroot)).Run(ctx)
+	jobs := &nvmljobs.Child{
+		Command:  []string{exe, nvmlJobCommand},
+		Subroot:  cfg.Subroot,
+		LogLevel: cfg.LogLevel,
+		Stderr:   stderr,
+		StopWait: nvmlJobStopWait,
+	}
+
+	return node.New(log, cfg, jobs).Run(ctx)
 }

@@ -49,6 +49,7 @@ type outcome struct {
 	ExitCode    int            `json:"exitCode"`
 	StopMillis  int64          `json:"stopMillis"`
 	RSSKiB      int            `json:"rssKiB"`
+	NVMLMapped  bool           `json:"nvmlMapped"` // the service process maps libnvidia-ml
 	ReadyFile   string         `json:"readyFile"`
 	NFDFile     string         `json:"nfdFile"`
 	Log         string         `json:"log"`
@@ -114,12 +115,14 @@ func TestNoKernelDriverWaitsAndChangesNothing(t *testing.T) {
 }
 
 // TestNoGPUWaits: the kernel module looks loaded but NVML (Debian's, with no GPU behind it)
-// cannot see a GPU. The service says so once and waits; it does not crash-loop.
+// cannot see a GPU. The service says so once and waits; it does not crash-loop. NVML was
+// loaded in the NVML jobs' child processes only: the service that stays up never maps it.
 func TestNoGPUWaits(t *testing.T) {
 	o := run(t, scenario{Until: "waiting", FakeProc: true, Delay: 1500 * time.Millisecond})
 
 	assert.Equal(t, "waiting", o.Phase)
-	assert.Contains(t, o.Message, "waiting for a GPU that NVML can see")
+	assert.Contains(t, o.Message, "waiting for a GPU that NVML can see: the NVIDIA kernel driver is not loaded")
+	assert.False(t, o.NVMLMapped, "the service process maps libnvidia-ml")
 	assert.False(t, o.Ready)
 	assert.Equal(t, 0, o.ExitCode)
 	assert.Equal(t, 1, strings.Count(o.Log, "waiting for a GPU"), "the wait is reported once, not once a poll:\n%s", o.Log)
@@ -374,6 +377,10 @@ func runOnce(sc scenario, host, subroot, logPath string) (outcome, error) {
 					o.RSSKiB, _ = strconv.Atoi(strings.Fields(v)[0]) //nolint:errcheck
 				}
 			}
+		}
+
+		if maps, err := os.ReadFile(fmt.Sprintf("/proc/%d/maps", cmd.Process.Pid)); err == nil {
+			o.NVMLMapped = strings.Contains(string(maps), "libnvidia-ml")
 		}
 
 		// The status as it was while running.

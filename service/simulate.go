@@ -15,6 +15,7 @@ import (
 	"github.com/talos-nvidia/nvidia-driver/pkg/driverroot"
 	"github.com/talos-nvidia/nvidia-driver/pkg/gpu/sim"
 	"github.com/talos-nvidia/nvidia-driver/pkg/node"
+	"github.com/talos-nvidia/nvidia-driver/pkg/nvmljobs"
 )
 
 // The demo build (go build -tags simulate, `make demo`) runs the service on simulated GPUs
@@ -74,5 +75,9 @@ func serveSimulated(ctx context.Context, log *slog.Logger, cfg config.Config, sp
 
 	log.Warn("using simulated GPUs", "spec", spec)
 
-	return node.New(log, cfg, simNode, node.WithSimulatedProc(writeProc), node.WithResetter(simNode)).Run(ctx)
+	// In this process: the simulated GPUs' state (MIG) lives in it, where a child's would be
+	// lost with the child.
+	jobs := &nvmljobs.Local{Log: log, NVML: simNode, Resetter: simNode, AfterMIGChange: writeProc}
+
+	return node.New(log, cfg, jobs).Run(ctx)
 }

@@ -6,6 +6,7 @@ package mig
 import (
 	"errors"
 	"fmt"
+	"os"
 	"sort"
 	"strconv"
 	"strings"
@@ -80,6 +81,26 @@ func (v *ValidationError) Error() string {
 	}
 
 	return fmt.Sprintf("%s (%d problems):\n  - %s", what, len(v.Problems), strings.Join(v.Problems, "\n  - "))
+}
+
+// LoadFile reads the layouts file at path and adds the built-in layouts; a file that does not
+// exist gives the built-in layouts alone (a node without an ExtensionServiceConfig file).
+func LoadFile(path string) (*Config, error) {
+	data, err := os.ReadFile(path)
+	if errors.Is(err, os.ErrNotExist) {
+		return Builtin(), nil
+	}
+
+	if err != nil {
+		return nil, fmt.Errorf("reading the MIG layouts: %w", err)
+	}
+
+	cfg, err := ParseFile(path, data)
+	if err != nil {
+		return nil, err
+	}
+
+	return cfg.WithBuiltins(), nil
 }
 
 // ParseFile is Parse for the contents of the file name: errors and later planning messages

@@ -104,7 +104,7 @@ func (r *Runner) startFabricManager(ctx context.Context, board nvswitch.Board) (
 	// ours before a restart of the service). NVIDIA documents that a fabric manager restart
 	// on HGX H100 and later needs the GPUs reset first ("Initializing NVSwitch and NVLink");
 	// this service never resets GPUs, so it leaves such a fabric alone.
-	if states, err := r.fabricStates(); err == nil && allRegistered(states) {
+	if states, err := r.jobs.FabricStates(ctx); err == nil && allRegistered(states) {
 		return "the GPUs were already registered with the NVLink fabric when the service started " +
 			"(by a fabric manager it did not start, or its own before a restart): not starting another, " +
 			"which NVIDIA documents to need a GPU reset first on HGX H100 and later", nil
@@ -163,7 +163,7 @@ func (r *Runner) waitFabric(ctx context.Context, st *Fabric, notRun string, boun
 	last := ""
 
 	for {
-		states, err := r.fabricStates()
+		states, err := r.jobs.FabricStates(ctx)
 		pending, failed := fabricSummary(states)
 
 		switch {
@@ -200,16 +200,6 @@ func (r *Runner) waitFabric(ctx context.Context, st *Fabric, notRun string, boun
 
 		delay = min(delay*2, r.wait.Max)
 	}
-}
-
-func (r *Runner) fabricStates() ([]gpu.FabricState, error) {
-	if err := gpu.Init(r.nvml); err != nil {
-		return nil, err
-	}
-
-	defer r.nvml.Shutdown() //nolint:errcheck // nothing to do about it
-
-	return gpu.Fabric(r.nvml)
 }
 
 // allRegistered says whether the GPUs report a fabric and every one of them registered.
@@ -357,7 +347,7 @@ func (r *Runner) watchFabric(ctx context.Context) {
 
 			cur := *st
 			if cur.State != FabricRegistered {
-				if states, err := r.fabricStates(); err == nil {
+				if states, err := r.jobs.FabricStates(ctx); err == nil {
 					if pending, failed := fabricSummary(states); len(pending) == 0 {
 						cur.GPUs = states
 						cur.State, cur.Message = r.fabricOutcome(states, failed, r.fabric.notRun)

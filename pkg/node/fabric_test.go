@@ -22,6 +22,7 @@ import (
 	"github.com/talos-nvidia/nvidia-driver/pkg/gpu"
 	"github.com/talos-nvidia/nvidia-driver/pkg/gpu/sim"
 	"github.com/talos-nvidia/nvidia-driver/pkg/node"
+	"github.com/talos-nvidia/nvidia-driver/pkg/nvmljobs"
 )
 
 // fakeFabricManager builds the fake daemon, which acts as nv-fabricmanager when given -c.
@@ -212,7 +213,7 @@ func (b *board) run(t *testing.T, env ...string) *running {
 
 	run := &running{logs: &testutil.SyncBuffer{}}
 	log := slog.New(slog.NewTextHandler(run.logs, nil))
-	run.r = node.New(log, cfg, b.gpus, node.WithBackoff(node.Backoff{Initial: 20 * time.Millisecond, Max: 50 * time.Millisecond}))
+	run.r = node.New(log, cfg, &nvmljobs.Local{Log: log, NVML: b.gpus, Resetter: b.gpus}, node.WithBackoff(node.Backoff{Initial: 20 * time.Millisecond, Max: 50 * time.Millisecond}))
 
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)

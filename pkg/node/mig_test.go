@@ -22,6 +22,7 @@ import (
 	"github.com/talos-nvidia/nvidia-driver/pkg/gpu/sim"
 	"github.com/talos-nvidia/nvidia-driver/pkg/mig"
 	"github.com/talos-nvidia/nvidia-driver/pkg/node"
+	"github.com/talos-nvidia/nvidia-driver/pkg/nvmljobs"
 )
 
 // migNode is one simulated GPU node and its throwaway host root, started as often as a test
@@ -110,8 +111,9 @@ func (m *migNode) run(layout string, cdi bool) (node.Status, string) {
 
 	var logs strings.Builder
 
-	r := node.New(slog.New(slog.NewTextHandler(&logs, nil)), cfg, m.gpus, node.WithSimulatedProc(writeProc),
-		node.WithResetter(m.gpus), node.WithBackoff(node.Backoff{Initial: 10 * time.Millisecond, Max: 20 * time.Millisecond}))
+	log := slog.New(slog.NewTextHandler(&logs, nil))
+	jobs := &nvmljobs.Local{Log: log, NVML: m.gpus, Resetter: m.gpus, AfterMIGChange: writeProc}
+	r := node.New(log, cfg, jobs, node.WithBackoff(node.Backoff{Initial: 10 * time.Millisecond, Max: 20 * time.Millisecond}))
 
 	// Held a while longer: a retry loop would show as more calls and more log lines.
 	return runUntilSettled(t, r, &logs, 20*time.Second, 100*time.Millisecond)

@@ -13,8 +13,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/NVIDIA/go-nvml/pkg/nvml"
-
 	"github.com/talos-nvidia/nvidia-driver/pkg/cdi"
 	"github.com/talos-nvidia/nvidia-driver/pkg/config"
 	"github.com/talos-nvidia/nvidia-driver/pkg/daemons"
@@ -24,6 +22,7 @@ import (
 	"github.com/talos-nvidia/nvidia-driver/pkg/memory"
 	"github.com/talos-nvidia/nvidia-driver/pkg/mig"
 	"github.com/talos-nvidia/nvidia-driver/pkg/nfd"
+	"github.com/talos-nvidia/nvidia-driver/pkg/nvmljobs"
 )
 
 // Backoff bounds how often the runner looks again for what it waits for.
@@ -33,16 +32,12 @@ type Backoff struct {
 
 // Runner brings up one node.
 type Runner struct {
-	log    *slog.Logger
-	cfg    config.Config
-	nvml   nvml.Interface
+	log *slog.Logger
+	cfg config.Config
+	// jobs does the NVML work: in child processes on a node (see nvmljobs).
+	jobs   nvmljobs.Jobs
 	wait   Backoff
 	status *statusFile
-	// refreshProc rewrites a simulated node's /proc after a MIG change (the demo); nil on a
-	// node, where the driver keeps /proc current.
-	refreshProc func() error
-	// resetter resets one GPU for a MIG mode change that NVML leaves pending.
-	resetter mig.Resetter
 	// persistenced is our nvidia-persistenced supervisor once started, else nil.
 	persistenced *daemons.Supervisor
 	daemonsDone  chan struct{}
@@ -55,26 +50,15 @@ type Option func(*Runner)
 // WithBackoff sets how the runner polls for the driver and for GPUs.
 func WithBackoff(b Backoff) Option { return func(r *Runner) { r.wait = b } }
 
-// WithSimulatedProc makes the runner rewrite a simulated node's /proc files after a MIG
-// change, as the real driver does.
-func WithSimulatedProc(refresh func() error) Option {
-	return func(r *Runner) { r.refreshProc = refresh }
-}
-
-// WithResetter replaces the GPU reset (nvidia-smi -r from the subroot), as a simulated node
-// needs.
-func WithResetter(rs mig.Resetter) Option { return func(r *Runner) { r.resetter = rs } }
-
-// New returns a runner. lib is NVML: loaded from the subroot on a node, simulated in the
-// demo and tests.
-func New(log *slog.Logger, cfg config.Config, lib nvml.Interface, opts ...Option) *Runner {
+// New returns a runner. jobs does the NVML work: in child processes of the service on a
+// node, on simulated GPUs in this process in the demo and tests.
+func New(log *slog.Logger, cfg config.Config, jobs nvmljobs.Jobs, opts ...Option) *Runner {
 	r := &Runner{
-		log:      log,
-		cfg:      cfg,
-		nvml:     lib,
-		wait:     Backoff{Initial: time.Second, Max: 30 * time.Second},
-		status:   &statusFile{path: cfg.StatusFile(), cur: Status{Subroot: cfg.Subroot}},
-		resetter: mig.NvidiaSMIResetter{Root: cfg.Subroot},
+		log:    log,
+		cfg:    cfg,
+		jobs:   jobs,
+		wait:   Backoff{Initial: time.Second, Max: 30 * time.Second},
+		status: &statusFile{path: cfg.StatusFile(), cur: Status{Subroot: cfg.Subroot}},
 	}
 
 	for _, o := range opts {
@@ -148,7 +132,7 @@ func (r *Runner) bringUp(ctx context.Context) error {
 	// A bad MIG layout file or name is a configuration error: say so now, before anything is
 	// mounted and before waiting for a driver that may be missing too.
 	if r.cfg.MIGLayout != "" {
-		cfg, err := r.migConfig()
+		cfg, err := mig.LoadFile(r.cfg.MIGConfig)
 		if err != nil {
 			return err
 		}
@@ -187,7 +171,7 @@ func (r *Runner) bringUp(ctx context.Context) error {
 	var gpus []gpu.GPU
 
 	err = r.waitFor(ctx, "a GPU that NVML can see", func() error {
-		gpus, err = r.listGPUs()
+		gpus, err = r.jobs.ListGPUs(ctx)
 
 		return err
 	})
@@ -220,7 +204,7 @@ func (r *Runner) bringUp(ctx context.Context) error {
 		}
 
 		// MIG mode and instances may have changed what NVML reports.
-		if gpus, err = r.listGPUs(); err != nil {
+		if gpus, err = r.jobs.ListGPUs(ctx); err != nil {
 			return err
 		}
 
@@ -237,9 +221,7 @@ func (r *Runner) bringUp(ctx context.Context) error {
 		opts.DevRoot = r.cfg.HostRoot
 
 		err := r.waitFor(ctx, "a CDI spec of the node's GPUs", func() error {
-			_, err := cdi.Write(r.log, r.nvml, opts, r.cfg.Host(r.cfg.CDISpec))
-
-			return err
+			return r.jobs.WriteCDI(ctx, nvmljobs.CDIRequest{Options: opts, Path: r.cfg.Host(r.cfg.CDISpec)})
 		})
 		if err != nil {
 			return err
@@ -273,33 +255,12 @@ func (r *Runner) bringUp(ctx context.Context) error {
 	return nil
 }
 
-var errNoGPU = errors.New("NVML sees no GPU")
-
 // permanentError ends a waitFor: trying again cannot help.
 type permanentError struct{ err error }
 
 func (p permanentError) Error() string { return p.err.Error() }
 
 func permanent(err error) error { return permanentError{err} }
-
-func (r *Runner) listGPUs() ([]gpu.GPU, error) {
-	if err := gpu.Init(r.nvml); err != nil {
-		return nil, err
-	}
-
-	defer r.nvml.Shutdown() //nolint:errcheck // nothing to do about it
-
-	gpus, err := gpu.List(r.nvml)
-	if err != nil {
-		return nil, err
-	}
-
-	if len(gpus) == 0 {
-		return nil, errNoGPU
-	}
-
-	return gpus, nil
-}
 
 func (r *Runner) driverLoaded() error {
 	p := r.cfg.Host("/proc/driver/nvidia/version")
@@ -365,68 +326,46 @@ func (r *Runner) report(phase, msg string) {
 const maxMIGAttempts = 3
 
 // applyMIG applies the configured layout. Our nvidia-persistenced is not running yet (it
-// starts after MIG, as DESIGN's order says), so there is nothing of ours to suspend. Before
-// the first call that changes a GPU the readiness files go: consumers that wait for them
-// (the device plugin's and DCGM exporter's init containers) wait, and a stale file from the
-// previous run cannot let them grab the GPUs again. GPUs the change does not touch keep
+// starts after MIG, as DESIGN's order says), so there is nothing of ours to suspend. The job
+// withdraws the readiness files before the first change; GPUs the change does not touch keep
 // their device nodes and CDI devices throughout.
 func (r *Runner) applyMIG(ctx context.Context) error {
-	cfg, err := r.migConfig()
-	if err != nil {
-		return err
+	req := nvmljobs.MIGRequest{
+		ConfigFile:     r.cfg.MIGConfig,
+		Layout:         r.cfg.MIGLayout,
+		HostRoot:       r.cfg.HostRoot,
+		ProcRoot:       r.hostProc(),
+		ValidationsDir: r.cfg.ValidationsDir(),
 	}
 
-	if err := gpu.Init(r.nvml); err != nil {
-		return err
-	}
-	defer r.nvml.Shutdown() //nolint:errcheck
+	res, err := r.jobs.ApplyMIG(ctx, req, func() {
+		r.report(PhaseStarting, fmt.Sprintf("changing the GPUs to MIG layout %q; readiness withdrawn meanwhile", r.cfg.MIGLayout))
+	})
 
-	applier := &mig.Applier{
-		NVML:         r.nvml,
-		Persistenced: mig.NoPersistenced{},
-		Resetter:     r.resetter,
-		Logger:       r.log,
-		ProcRoot:     r.hostProc(),
-		BeforeChange: func(context.Context) error {
-			if err := driverroot.MarkNotReady(r.cfg.ValidationsDir()); err != nil {
-				return err
-			}
-
-			r.report(PhaseStarting, fmt.Sprintf("changing the GPUs to MIG layout %q; readiness withdrawn meanwhile", r.cfg.MIGLayout))
-
-			return nil
-		},
-		OnChange: func(context.Context, []int) error {
-			if r.refreshProc != nil {
-				if err := r.refreshProc(); err != nil {
-					return err
-				}
-			}
-
-			nodes, err := devnodes.Sync(r.log, r.cfg.HostRoot)
-			if err == nil {
-				r.status.update(func(s *Status) { s.DeviceNodes = len(nodes.Nodes) }) //nolint:errcheck
-			}
-
-			return err
-		},
-	}
-
-	results, err := applier.Apply(ctx, cfg, r.cfg.MIGLayout)
-	if err != nil {
+	var layoutErr *nvmljobs.LayoutError
+	if errors.As(err, &layoutErr) {
 		// Planning failed: nothing was changed, and trying again cannot help.
 		return permanent(fmt.Errorf("MIG layout %q: %w", r.cfg.MIGLayout, err))
 	}
 
-	r.status.update(func(s *Status) { s.MIG = results }) //nolint:errcheck
+	if err != nil {
+		return err
+	}
+
+	r.status.update(func(s *Status) { //nolint:errcheck // reported by report()
+		s.MIG = res.GPUs
+		if res.DeviceNodes > 0 {
+			s.DeviceNodes = res.DeviceNodes
+		}
+	})
 
 	var failed []string
 
-	for _, res := range results {
+	for _, st := range res.GPUs {
 		// pending and pending-reboot leave the GPU usable as it is: the node comes up and says
 		// so; trying again now cannot help.
-		if res.Result == mig.ResultFailed {
-			failed = append(failed, fmt.Sprintf("GPU %d: %s", res.Index, res.Message))
+		if st.Result == mig.ResultFailed {
+			failed = append(failed, fmt.Sprintf("GPU %d: %s", st.Index, st.Message))
 		}
 	}
 
@@ -435,25 +374,6 @@ func (r *Runner) applyMIG(ctx context.Context) error {
 	}
 
 	return nil
-}
-
-// migConfig reads the layout file, if there is one, and adds the built-in layouts.
-func (r *Runner) migConfig() (*mig.Config, error) {
-	data, err := os.ReadFile(r.cfg.MIGConfig)
-	if errors.Is(err, os.ErrNotExist) {
-		return mig.Builtin(), nil
-	}
-
-	if err != nil {
-		return nil, fmt.Errorf("reading the MIG layouts: %w", err)
-	}
-
-	cfg, err := mig.ParseFile(r.cfg.MIGConfig, data)
-	if err != nil {
-		return nil, err
-	}
-
-	return cfg.WithBuiltins(), nil
 }
 
 // startPersistenced starts the supervised nvidia-persistenced and waits until it answers.

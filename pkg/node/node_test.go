@@ -19,6 +19,7 @@ import (
 	"github.com/talos-nvidia/nvidia-driver/pkg/gpu/sim"
 	"github.com/talos-nvidia/nvidia-driver/pkg/mig"
 	"github.com/talos-nvidia/nvidia-driver/pkg/node"
+	"github.com/talos-nvidia/nvidia-driver/pkg/nvmljobs"
 )
 
 // start runs a runner on simulated GPUs under a throwaway host root until it reports one of
@@ -55,8 +56,8 @@ func start(t *testing.T, gpus *sim.Node, migFile string, env ...string) (node.St
 	var logs strings.Builder
 
 	log := slog.New(slog.NewTextHandler(&logs, nil))
-	r := node.New(log, cfg, gpus, node.WithSimulatedProc(writeProc),
-		node.WithBackoff(node.Backoff{Initial: 10 * time.Millisecond, Max: 20 * time.Millisecond}))
+	jobs := &nvmljobs.Local{Log: log, NVML: gpus, Resetter: gpus, AfterMIGChange: writeProc}
+	r := node.New(log, cfg, jobs, node.WithBackoff(node.Backoff{Initial: 10 * time.Millisecond, Max: 20 * time.Millisecond}))
 
 	return runUntilSettled(t, r, &logs, 10*time.Second, 0)
 }

@@ -1,0 +1,207 @@
+package nvmljobs_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/NVIDIA/go-nvml/pkg/nvml"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/talos-nvidia/nvidia-driver/internal/testutil"
+	"github.com/talos-nvidia/nvidia-driver/pkg/driverroot"
+	"github.com/talos-nvidia/nvidia-driver/pkg/gpu/sim"
+	"github.com/talos-nvidia/nvidia-driver/pkg/mig"
+	"github.com/talos-nvidia/nvidia-driver/pkg/nvmljobs"
+)
+
+// The test binary is also the child: with envChild set it serves one job, as
+// `nvidia-driver nvml-job` does, on simulated GPUs (envSim, a sim spec), on NVML loaded from
+// the request's subroot ("real"), or misbehaving ("silent", "stubborn").
+const (
+	envChild = "NVMLJOBS_TEST_CHILD"
+	envSim   = "NVMLJOBS_TEST_SIM"
+	envHost  = "NVMLJOBS_TEST_HOST"
+)
+
+func TestMain(m *testing.M) {
+	switch os.Getenv(envChild) {
+	case "":
+		os.Exit(m.Run())
+	case "silent": // dies without an answer
+		os.Exit(3)
+	case "stubborn": // ignores SIGTERM
+		signal.Ignore(syscall.SIGTERM)
+		time.Sleep(time.Minute)
+		os.Exit(0)
+	case "real":
+		os.Exit(serve(nvmljobs.OnSubroot))
+	default:
+		os.Exit(serve(simulated))
+	}
+}
+
+func serve(newLocal func(string, *slog.Logger) *nvmljobs.Local) int {
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM)
+	defer stop()
+
+	// A stray line on stdout, as a library might print: the service must skip it.
+	fmt.Println("not a message")
+
+	if err := nvmljobs.Serve(ctx, os.Stdin, os.Stdout, os.Stderr, newLocal); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+
+		return 1
+	}
+
+	return 0
+}
+
+// simulated makes the child's GPUs from envSim; after a MIG change it rewrites their /proc
+// under envHost, as the driver does.
+func simulated(_ string, log *slog.Logger) *nvmljobs.Local {
+	node, err := sim.FromSpec(os.Getenv(envSim))
+	if err != nil {
+		panic(err) // the test's own child: a bad spec is a broken test
+	}
+
+	writeProc := func() error {
+		if ret := node.Init(); ret != nvml.SUCCESS {
+			return ret
+		}
+		defer node.Shutdown() //nolint:errcheck
+
+		return sim.WriteProcFS(os.Getenv(envHost), node)
+	}
+
+	return &nvmljobs.Local{Log: log, NVML: node, Resetter: node, AfterMIGChange: writeProc}
+}
+
+func child(t *testing.T, mode string, env ...string) *nvmljobs.Child {
+	t.Helper()
+
+	exe, err := os.Executable()
+	require.NoError(t, err)
+
+	t.Setenv(envChild, mode)
+
+	for _, kv := range env {
+		k, v, _ := strings.Cut(kv, "=")
+		t.Setenv(k, v)
+	}
+
+	return &nvmljobs.Child{Command: []string{exe}, Subroot: t.TempDir(), Stderr: os.Stderr, StopWait: 200 * time.Millisecond}
+}
+
+func TestChildListsGPUs(t *testing.T) {
+	c := child(t, "sim", envSim+"=h200:2")
+
+	gpus, err := c.ListGPUs(context.Background())
+	require.NoError(t, err)
+	require.Len(t, gpus, 2)
+	assert.Equal(t, "NVIDIA H200", gpus[0].Name)
+	assert.NotEqual(t, gpus[0].UUID, gpus[1].UUID)
+	assert.Equal(t, 1, gpus[1].Index)
+}
+
+func TestChildReadsFabric(t *testing.T) {
+	c := child(t, "sim", envSim+"=h200:2")
+
+	states, err := c.FabricStates(context.Background())
+	require.NoError(t, err)
+	assert.Len(t, states, 2)
+}
+
+// TestChildAppliesMIG: the layout is applied in the child, which withdraws the readiness
+// file and says so before the first change, and makes the MIG device nodes.
+func TestChildAppliesMIG(t *testing.T) {
+	testutil.RequireRoot(t)
+
+	host := t.TempDir()
+	validations := filepath.Join(host, "run/nvidia/validations")
+	require.NoError(t, os.MkdirAll(validations, 0o755))
+	ready := filepath.Join(validations, driverroot.ReadyFile)
+	require.NoError(t, os.WriteFile(ready, []byte("stale\n"), 0o644))
+
+	// The driver's /proc before the change, as the node has it.
+	node, err := sim.FromSpec("h200:1")
+	require.NoError(t, err)
+	require.Equal(t, nvml.SUCCESS, node.Init())
+	require.NoError(t, sim.WriteProcFS(host, node))
+	node.Shutdown() //nolint:errcheck
+
+	c := child(t, "sim", envSim+"=h200:1", envHost+"="+host)
+	changing := 0
+	req := nvmljobs.MIGRequest{
+		ConfigFile: filepath.Join(host, "no-such-file"), Layout: mig.LayoutAll1g,
+		HostRoot: host, ProcRoot: filepath.Join(host, "proc"), ValidationsDir: validations,
+	}
+
+	res, err := c.ApplyMIG(context.Background(), req, func() {
+		changing++
+
+		assert.NoFileExists(t, ready, "readiness is withdrawn before the service hears of the change")
+	})
+	require.NoError(t, err)
+	assert.Equal(t, 1, changing)
+	require.Len(t, res.GPUs, 1)
+	assert.Equal(t, mig.ResultSuccess, res.GPUs[0].Result, res.GPUs[0].Message)
+	assert.Greater(t, res.DeviceNodes, 1, "the MIG device nodes were made")
+	assert.DirExists(t, filepath.Join(host, "dev/nvidia-caps"))
+}
+
+// TestChildLayoutErrorIsKnown: a layout that cannot be planned comes back as a LayoutError
+// (the service does not retry it), and nothing changed.
+func TestChildLayoutErrorIsKnown(t *testing.T) {
+	c := child(t, "sim", envSim+"=h200:1")
+	called := false
+
+	_, err := c.ApplyMIG(context.Background(), nvmljobs.MIGRequest{ConfigFile: "/nonexistent", Layout: "no-such-layout"}, func() { called = true })
+
+	var layoutErr *nvmljobs.LayoutError
+	require.ErrorAs(t, err, &layoutErr)
+	assert.Contains(t, err.Error(), "no-such-layout")
+	assert.False(t, called)
+}
+
+// TestChildNVMLErrorsReachTheService: NVML that cannot be loaded (an empty subroot) is the
+// real go-nvml's error, in words a person can act on.
+func TestChildNVMLErrorsReachTheService(t *testing.T) {
+	c := child(t, "real")
+
+	_, err := c.ListGPUs(context.Background())
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "loading NVML (usr/lib64/libnvidia-ml.so.1) failed")
+	assert.False(t, errors.Is(err, nvmljobs.ErrNoGPU))
+}
+
+func TestChildWithoutAnswer(t *testing.T) {
+	c := child(t, "silent")
+
+	_, err := c.ListGPUs(context.Background())
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "NVML job list-gpus: the child process gave no answer: exit status 3")
+}
+
+// TestChildStopsWithTheService: a child that does not stop on SIGTERM is killed StopWait
+// later; the job returns the context's error.
+func TestChildStopsWithTheService(t *testing.T) {
+	c := child(t, "stubborn")
+	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	defer cancel()
+
+	start := time.Now()
+	_, err := c.ListGPUs(ctx)
+
+	require.ErrorIs(t, err, context.DeadlineExceeded)
+	assert.Less(t, time.Since(start), 5*time.Second)
+}
