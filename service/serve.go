@@ -15,8 +15,13 @@ import (
 )
 
 // nvmlJobStopWait is how long an NVML job has to stop when the service stops: within Talos's
-// 10 s between SIGTERM and SIGKILL, with time left for the daemons.
-const nvmlJobStopWait = 5 * time.Second
+// 10 s between SIGTERM and SIGKILL, with time left for the daemons. nvmlJobTimeout bounds a
+// job but a MIG change: listing 8 GPUs or writing their CDI spec takes well under a second
+// once the driver is up.
+const (
+	nvmlJobStopWait = 5 * time.Second
+	nvmlJobTimeout  = 2 * time.Minute
+)
 
 // serve wires the node jobs together and runs them until ctx ends. The NVML work runs in
 // child processes (`nvidia-driver nvml-job`), which log to stderr as the service does.
@@ -55,6 +60,7 @@ func serve(ctx context.Context, log *slog.Logger, cfg config.Config, stderr io.W
 		LogLevel: cfg.LogLevel,
 		Stderr:   stderr,
 		StopWait: nvmlJobStopWait,
+		Timeout:  nvmlJobTimeout,
 	}
 
 	return node.New(log, cfg, jobs).Run(ctx)

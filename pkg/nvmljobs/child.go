@@ -64,6 +64,10 @@ type Child struct {
 	// StopWait is how long a child has to stop once the context ends (SIGTERM, then
 	// SIGKILL): a MIG change under way rolls back in that time.
 	StopWait time.Duration
+	// Timeout bounds every job but a MIG change (whose GPU resets take their time): an NVML
+	// call that hangs (a GPU fallen off the bus) is stopped, and the service tries again.
+	// Zero: no bound.
+	Timeout time.Duration
 }
 
 var _ Jobs = (*Child)(nil)
@@ -113,7 +117,16 @@ func (c *Child) run(ctx context.Context, req request, changing func()) (response
 		return response{}, fmt.Errorf("NVML job %s: encoding the request: %w", req.Job, err)
 	}
 
-	cmd := exec.CommandContext(ctx, c.Command[0], c.Command[1:]...) //nolint:gosec // our own binary
+	jobCtx := ctx
+
+	if c.Timeout > 0 && req.Job != jobApplyMIG {
+		var cancel context.CancelFunc
+
+		jobCtx, cancel = context.WithTimeout(ctx, c.Timeout)
+		defer cancel()
+	}
+
+	cmd := exec.CommandContext(jobCtx, c.Command[0], c.Command[1:]...) //nolint:gosec // our own binary
 	cmd.Stdin = bytes.NewReader(in)
 	cmd.Stderr = c.Stderr
 	// On stop the child gets SIGTERM (from us, and from Talos, which signals every process of
@@ -157,6 +170,8 @@ func (c *Child) run(ctx context.Context, req request, changing func()) (response
 		return *done, done.err()
 	case ctx.Err() != nil:
 		return response{}, ctx.Err()
+	case jobCtx.Err() != nil:
+		return response{}, fmt.Errorf("NVML job %s: no answer within %s; the child process was stopped", req.Job, c.Timeout)
 	case waitErr != nil:
 		return response{}, fmt.Errorf("NVML job %s: the child process gave no answer: %w", req.Job, waitErr)
 	default:

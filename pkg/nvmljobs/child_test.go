@@ -205,3 +205,14 @@ func TestChildStopsWithTheService(t *testing.T) {
 	require.ErrorIs(t, err, context.DeadlineExceeded)
 	assert.Less(t, time.Since(start), 5*time.Second)
 }
+
+// TestChildTimeout: a job that hangs is stopped after Timeout, and the error says so; the
+// service's own context is still alive, so it will try again.
+func TestChildTimeout(t *testing.T) {
+	c := child(t, "stubborn")
+	c.Timeout = 200 * time.Millisecond
+
+	_, err := c.FabricStates(context.Background())
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "NVML job fabric-states: no answer within 200ms; the child process was stopped")
+}
