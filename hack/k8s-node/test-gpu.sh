@@ -223,14 +223,14 @@ else
 	failed "the service wrote no feature file at $f"
 fi
 if until_true 120 'nfd_labels_are NVIDIA-H200 "" ""'; then
-	pass "NFD put nvidia.com/gpu.product=NVIDIA-H200 on the Node from the service's file, no mig.config or mig.config.state ($((SECONDS - t_nfd)) s after NFD's apply)"
+	pass "NFD put nvidia.com/gpu.product=NVIDIA-H200 on the Node from the service's file, no mig.config or mig.config.state (checked $((SECONDS - t_nfd)) s after NFD's apply)"
 else
 	failed "NFD did not label the node from the service's file; its nvidia.com labels: $(nvidia_labels | tr "\n" " ")"
 	nfd_logs
 fi
 nvidia_labels | sed 's/^/  node label: /'
 jp node "$K8S_NODE" -o jsonpath='{.metadata.labels}' | tr -d '{}' | tr ',' '\n' >"$logs/node-labels.txt"
-echo "  NFD's own labels (feature.node.kubernetes.io): $(grep -c feature.node.kubernetes.io "$logs/node-labels.txt"), of them for NVIDIA's PCI vendor id: $(grep feature.node.kubernetes.io/pci-10de "$logs/node-labels.txt" | tr '\n' ' ')"
+echo "  NFD's own labels (feature.node.kubernetes.io): $(grep -c feature.node.kubernetes.io "$logs/node-labels.txt"), of them for NVIDIA's PCI vendor id: $(grep -E 'feature.node.kubernetes.io/pci-([0-9a-f]{4}_)?10de' "$logs/node-labels.txt" | tr '\n' ' ')"
 kubectl -n $nfd_ns logs ds/nfd-worker >"$logs/nfd-worker.log" 2>&1
 kubectl -n $nfd_ns logs deploy/nfd-master >"$logs/nfd-master.log" 2>&1
 
