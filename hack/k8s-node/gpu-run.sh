@@ -4,7 +4,9 @@
 # the host's own pieces):
 #   1. the subroot and the extension from this host's driver (hack/build-subroot.sh host,
 #      hack/extension), as docs/extension.md "Running it as Talos does" says;
-#   2. the service run as Talos runs it (hack/harness), and while it is ready
+#   2. the service run as Talos runs it (hack/harness), with its NFD feature file on
+#      (NVIDIA_DRIVER_NFD_FEATURES_DIR, docs/kubernetes.md "Labels from the host"), and while
+#      it is ready
 #   3. a one-node cluster (cluster.sh -gpu) running test-gpu.sh.
 # Output goes to $OUT (default /tmp/k8s-node-out): gpu-run.log and k8s-logs.tar.xz (the
 # components' logs and the test's results).
@@ -23,9 +25,20 @@ run() {
 	hack/k8s-node/images.sh pack || return 1
 	hack/build-subroot.sh host _out/subroot-host || return 1
 	_out/bin/extension -out _out -name nvidia-driver-dev-host -payload _out/subroot-host || return 1
-	PATH=$top/_out/k8s-node/bin:$PATH _out/bin/harness -extension _out/extensions/nvidia-driver-dev-host \
-		-env NVIDIA_DRIVER_PERSISTENCE_MODE=false -until ready,failed -wait 120s -runc "$top/_out/k8s-node/bin/runc" \
+	# NFD's directory as on Talos, where /etc/kubernetes is writable and the features.d mount
+	# source of the service does not exist before it starts (the harness makes it 0700, as
+	# machined does), in a tmpfs of a mount namespace of its own so that the host's /etc
+	# keeps nothing of it.
+	local nfd_dir=/etc/kubernetes/node-feature-discovery made
+	made=$(mkdir -pv $nfd_dir | sed -n "s/^mkdir: created directory '\(.*\)'$/\1/p" | sort -r)
+	PATH=$top/_out/k8s-node/bin:$PATH unshare --mount --propagation private sh -c 'mount -t tmpfs -o mode=0755 k8s-node-nfd "$0" && exec "$@"' $nfd_dir \
+		_out/bin/harness -extension _out/extensions/nvidia-driver-dev-host \
+		-env NVIDIA_DRIVER_PERSISTENCE_MODE=false -env NVIDIA_DRIVER_NFD_FEATURES_DIR=$nfd_dir/features.d \
+		-until ready,failed -wait 120s -runc "$top/_out/k8s-node/bin/runc" \
 		-after-ready "K8S_NODE_RESULTS=$logs/results $top/hack/k8s-node/cluster.sh -gpu -logs $logs/components -- $top/hack/k8s-node/test-gpu.sh"
+	local rc=$?
+	[[ -z $made ]] || rmdir $made
+	return $rc
 }
 t0=$SECONDS
 run 2>&1 | tee "$out/gpu-run.log"

@@ -15,6 +15,7 @@
 #                      Discovery's nfd-master and nfd-worker (hack/k8s-node/nfd/go.mod), static,
 #                      with its Makefile's flags, in /usr/bin on the same base (NFD's "minimal"
 #                      image is scratch)
+#   nfd-deployment/    NFD's own kustomize bases and components (its module's deployment/)
 #   nfd-features       the service's NFD feature file writer (hack/k8s-node/nfd-features)
 #   image, busybox     the packing tool (hack/k8s-node/image) and busybox, for hosts that
 #                      assemble an image themselves (the GPU test's CUDA workload)
@@ -131,6 +132,12 @@ nfd_ver=$(cd "$here/nfd" && go list -m -f '{{.Version}}' $nfd)
 	-X $nfd/pkg/version.version=$nfd_ver -X $nfd/pkg/utils/hostpath.pathPrefix=/host-" \
 	$nfd/cmd/nfd-master $nfd/cmd/nfd-worker)
 flags nfd -ref "registry.k8s.io/nfd/node-feature-discovery:$nfd_ver" -entrypoint nfd-worker -env "$env_path"
+# NFD's own kustomize bases and components, which hack/k8s-node/nfd.sh deploys it from, here
+# so that a host without Go (the GPU test's) has them too.
+rm -rf "$out/nfd-deployment"
+mkdir -p "$out/nfd-deployment"
+cp -r "$(cd "$here/nfd" && go list -m -f '{{.Dir}}' $nfd)"/deployment/{base,components} "$out/nfd-deployment/"
+chmod -R u+w "$out/nfd-deployment"
 
 pack
 echo "$stamp" >"$out/.stamp"

@@ -11,8 +11,9 @@
 #     file of the service exists, then the chart's config-manager reads the node's label
 #     through the API server and the plugin starts with migStrategy none;
 #   - Node Feature Discovery v0.18.2 (its own nfd-master and nfd-worker, deployed from its own
-#     deployment/ files) turns the service's feature file into the Node's nvidia.com labels,
-#     and follows the file when it changes.
+#     deployment/ files by hack/k8s-node/nfd.sh) turns the service's feature file into the
+#     Node's nvidia.com labels, in a features.d made 0700 as Talos makes it, and follows the
+#     file when it changes.
 # Prints PASS/FAIL lines; exits non-zero on a failure.
 set -uo pipefail
 top=$(cd "$(dirname "$0")/../.." && pwd)
@@ -143,77 +144,33 @@ fi
 kubectl -n $ns get pods -o wide
 
 # --- Node Feature Discovery: the service's feature file becomes the Node's labels
-# (docs/kubernetes.md "Labels from the host"). NFD v0.18.2's own kustomize bases and its
-# "common" component (the worker's stock features.d hostPath) from its module, with: our
-# namespace (hostPath volumes need "privileged" under Pod Security), the configuration the
-# docs ask for (hack/k8s-node/nfd/nfd-master.conf), a toleration for the GPU taint the node
-# registers with, and the user of NFD's image (its Dockerfile: USER 65534:65534; our packing
-# tool sets none).
-nfd_ns=nvidia-nfd-test
-features_d=/etc/kubernetes/node-feature-discovery/features.d
-nfd_dir=$(cd "$top/hack/k8s-node/nfd" && go list -m -f '{{.Dir}}' sigs.k8s.io/node-feature-discovery)
-# This mount namespace's own features.d, so the host's stays as it was.
-mkdir -p $features_d && mount -t tmpfs -o mode=0755 k8s-node-nfd $features_d
-k=$K8S_NODE_DIR/nfd-kustomize
-mkdir -p "$k"
-cp "$top"/hack/k8s-node/nfd/nfd-{master,worker}.conf "$k/"
-ln -sfn "$nfd_dir" "$k/nfd" # kustomize takes relative paths only
-cat >"$k/kustomization.yaml" <<KUSTOMIZATION
-apiVersion: kustomize.config.k8s.io/v1beta1
-kind: Kustomization
-namespace: $nfd_ns
-resources:
-- namespace.yaml
-- nfd/deployment/base/rbac
-- nfd/deployment/base/nfd-crds
-- nfd/deployment/base/master
-- nfd/deployment/base/worker-daemonset
-components:
-- nfd/deployment/components/common
-configMapGenerator:
-- {name: nfd-master-conf, files: [nfd-master.conf]}
-- {name: nfd-worker-conf, files: [nfd-worker.conf]}
-patches:
-- target: {labelSelector: app=nfd}
-  patch: |
-    - {op: add, path: /spec/template/spec/tolerations, value: [{key: nvidia.com/gpu, operator: Exists, effect: NoSchedule}]}
-    - {op: add, path: /spec/template/spec/securityContext, value: {runAsUser: 65534, runAsGroup: 65534}}
-KUSTOMIZATION
-cat >"$k/namespace.yaml" <<NAMESPACE
-apiVersion: v1
-kind: Namespace
-metadata:
-  name: $nfd_ns
-  labels: {pod-security.kubernetes.io/enforce: privileged}
-NAMESPACE
-check "kubectl apply -k (NFD v0.18.2's deployment files)" kubectl apply -k "$k" --server-side
-nfd_logs() {
-	kubectl -n $nfd_ns get pods -o wide
-	kubectl -n $nfd_ns logs deploy/nfd-master --tail=15 2>&1 | sed 's/^/  nfd-master: /'
-	kubectl -n $nfd_ns logs ds/nfd-worker --tail=15 2>&1 | sed 's/^/  nfd-worker: /'
-}
-node_label() { jp node "$K8S_NODE" -o "jsonpath={.metadata.labels.nvidia\.com/$1}"; }
-labels_are() { # PRODUCT MIG-CONFIG MIG-STATE: the node's three labels ("" = absent)
-	[ "$(node_label gpu\\.product)|$(node_label mig\\.config)|$(node_label mig\\.config\\.state)" = "$1|$2|$3" ]
-}
-show_labels() { jp node "$K8S_NODE" -o jsonpath='{.metadata.labels}' | tr ',' '\n' | grep nvidia.com; }
+# (docs/kubernetes.md "Labels from the host"), NFD deployed by hack/k8s-node/nfd.sh.
+. "$top/hack/k8s-node/nfd.sh"
+# This mount namespace's own node-feature-discovery directory, so the host's stays as it
+# was; features.d in it made as Talos makes a missing mount source of an extension service
+# (machined's services/extension.go: os.MkdirAll(source, 0o700)) before the service starts.
+mkdir -p ${nfd_features_d%/*} && mount -t tmpfs -o mode=0755 k8s-node-nfd ${nfd_features_d%/*}
+mkdir -m 0700 $nfd_features_d
+nfd_deploy
 t0=$SECONDS
-"$K8S_NODE_IMAGES/nfd-features" $features_d all-balanced success "NVIDIA H200"
-sed 's|^|  features.d/nvidia-driver: |' $features_d/nvidia-driver
-if until_true 180 'labels_are NVIDIA-H200 all-balanced success'; then
+"$K8S_NODE_IMAGES/nfd-features" $nfd_features_d all-balanced success "NVIDIA H200"
+sed 's|^|  features.d/nvidia-driver: |' $nfd_features_d/nvidia-driver
+m=$(stat -c %a $nfd_features_d)
+check "the writer opened features.d (made 0700) to NFD's unprivileged worker (now $m)" test "$m" = 755
+if until_true 180 'nfd_labels_are NVIDIA-H200 all-balanced success'; then
 	pass "NFD labelled the node from the feature file within $((SECONDS - t0)) s of the pods' creation (nvidia.com/gpu.product=NVIDIA-H200, mig.config=all-balanced, mig.config.state=success)"
 else
-	failed "NFD did not label the node from the feature file; the node's nvidia.com labels: $(show_labels)"
+	failed "NFD did not label the node from the feature file; the node's nvidia.com labels: $(nvidia_labels | tr "\n" " ")"
 	nfd_logs
 fi
 # The service replaces the file whole: a new product, and no MIG layout any more.
 t0=$SECONDS
-"$K8S_NODE_IMAGES/nfd-features" $features_d "" "" "NVIDIA A100-SXM4-80GB"
-if until_true 60 'labels_are NVIDIA-A100-SXM4-80GB "" ""'; then
+"$K8S_NODE_IMAGES/nfd-features" $nfd_features_d "" "" "NVIDIA A100-SXM4-80GB"
+if until_true 60 'nfd_labels_are NVIDIA-A100-SXM4-80GB "" ""'; then
 	pass "a changed feature file changed the label and removed the mig labels it no longer has, within $((SECONDS - t0)) s"
 else
-	failed "the node's labels after the feature file changed: $(show_labels)"
+	failed "the node's labels after the feature file changed: $(nvidia_labels | tr "\n" " ")"
 	nfd_logs
 fi
-show_labels | sed 's/^/  /'
+nvidia_labels | sed 's/^/  /'
 exit $fail

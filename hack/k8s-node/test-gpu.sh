@@ -10,6 +10,9 @@
 #     such pod stays Pending (Insufficient nvidia.com/gpu) until the first is done, then runs;
 #   - pod start (created -> Running) with and without a GPU, and containerd's StartContainer
 #     time (runc create with the CDI hooks, and start) for both;
+#   - Node Feature Discovery v0.18.2 (hack/k8s-node/nfd.sh, as test-cpu.sh deploys it) puts the
+#     labels of the service's own feature file, written from NVML (gpu-run.sh turns it on), on
+#     the Node: nvidia.com/gpu.product, and no mig labels with MIG off;
 #   - the GPU Operator's validator, driver component, against /run/nvidia/driver, as a pod
 #     (hack/k8s-node/validator.sh).
 # Prints PASS/FAIL lines and MEASURE lines; exits non-zero on a failure.
@@ -34,6 +37,10 @@ kubectl label node "$K8S_NODE" nvidia.com/gpu.present=true >/dev/null
 if kubectl apply -k "$top/deploy" --server-side >/dev/null; then pass "kubectl apply -k deploy --server-side"; else failed "kubectl apply -k deploy"; fi
 alloc() { jp node "$K8S_NODE" -o 'jsonpath={.status.allocatable.nvidia\.com/gpu}'; }
 t0=$SECONDS
+# NFD starts while the plugin registers; its labels are checked further down.
+. "$here/nfd.sh"
+nfd_deploy
+t_nfd=$SECONDS
 plugin_restarts() { jp -n $ns pod -l app.kubernetes.io/name=nvidia-device-plugin -o 'jsonpath={.items[0].status.containerStatuses[?(@.name=="nvidia-device-plugin-ctr")].restartCount}'; }
 # Until the plugin registers, or gives up: a crash loop shows in its restarts.
 if until_true 150 'test "$(alloc)" = 1 -o "$(plugin_restarts)" -ge 3 2>/dev/null' && test "$(alloc)" = 1; then
@@ -203,6 +210,29 @@ if "gpu-a/work" in took and "cpu-a/work" in took:
     print("MEASURE containerd StartContainer (runc create with the OCI hooks, then start): with one GPU %.1f ms (gpu-a), %s without %.1f ms (cpu-a): CDI injection and hooks add %.1f ms"
           % (took["gpu-a/work"], "gpu-b %.1f ms," % took["gpu-b/work"] if "gpu-b/work" in took else "", took["cpu-a/work"], took["gpu-a/work"] - took["cpu-a/work"]))
 EOF
+
+# --- NFD: the labels of the service's feature file on the Node
+f=$nfd_features_d/nvidia-driver
+if [[ -f $f ]]; then
+	sed 's|^|  features.d/nvidia-driver: |' "$f"
+	cp "$f" "$logs/nfd-features-nvidia-driver"
+	echo "  features.d: mode $(stat -c %a "$nfd_features_d"), file mode $(stat -c %a "$f")"
+	check "the service wrote nvidia.com/gpu.product=NVIDIA-H200 from NVML into $f, and no mig label (MIG off)" \
+		test "$(grep -v '^#' "$f")" = nvidia.com/gpu.product=NVIDIA-H200
+else
+	failed "the service wrote no feature file at $f"
+fi
+if until_true 120 'nfd_labels_are NVIDIA-H200 "" ""'; then
+	pass "NFD put nvidia.com/gpu.product=NVIDIA-H200 on the Node from the service's file, no mig.config or mig.config.state (checked $((SECONDS - t_nfd)) s after NFD's apply)"
+else
+	failed "NFD did not label the node from the service's file; its nvidia.com labels: $(nvidia_labels | tr "\n" " ")"
+	nfd_logs
+fi
+nvidia_labels | sed 's/^/  node label: /'
+jp node "$K8S_NODE" -o jsonpath='{.metadata.labels}' | tr -d '{}' | tr ',' '\n' >"$logs/node-labels.txt"
+echo "  NFD's own labels (feature.node.kubernetes.io): $(grep -c feature.node.kubernetes.io "$logs/node-labels.txt"), of them for NVIDIA's PCI vendor id: $(grep -E 'feature.node.kubernetes.io/pci-([0-9a-f]{4}_)?10de' "$logs/node-labels.txt" | tr '\n' ' ')"
+kubectl -n $nfd_ns logs ds/nfd-worker >"$logs/nfd-worker.log" 2>&1
+kubectl -n $nfd_ns logs deploy/nfd-master >"$logs/nfd-master.log" 2>&1
 
 # --- the GPU Operator's validator, driver component, against the driver root
 . "$here/validator.sh"

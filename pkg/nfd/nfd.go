@@ -83,6 +83,24 @@ func (w *Writer) Write(labels map[string]string) error {
 	if _, err := atomicfile.Write(w.Path(), content, 0o644); err != nil {
 		return fmt.Errorf("nfd: %w", err)
 	}
+	return w.openToWorker()
+}
+
+// openToWorker lets every user list and search the directory. NFD's worker runs
+// unprivileged (its image's USER 65534:65534, the chart's runAsNonRoot), and Talos makes
+// an extension service's missing mount source 0700 (machined's services/extension.go), so
+// on a fresh node the worker could not read the file: "unable to access
+// .../features.d/: permission denied", and no label reached the node.
+func (w *Writer) openToWorker() error {
+	st, err := os.Stat(w.dir)
+	if err != nil {
+		return fmt.Errorf("nfd: %w", err)
+	}
+	if perm := st.Mode().Perm(); perm&0o055 != 0o055 {
+		if err := os.Chmod(w.dir, perm|0o055); err != nil {
+			return fmt.Errorf("nfd: making %s readable by NFD's unprivileged worker: %w", w.dir, err)
+		}
+	}
 	return nil
 }
 

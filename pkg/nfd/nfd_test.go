@@ -64,6 +64,33 @@ func TestWriteContent(t *testing.T) {
 	assert.Equal(t, os.FileMode(0o644), st.Mode().Perm())
 }
 
+// Talos creates a missing mount source 0700; NFD's worker runs as an unprivileged user and
+// must still list and search the directory. Modes that already allow it stay as they are.
+func TestWriteOpensDirectoryToWorker(t *testing.T) {
+	for _, tc := range []struct {
+		name      string
+		mode, got os.FileMode
+	}{
+		{"as Talos makes it", 0o700, 0o755},
+		{"group only", 0o750, 0o755},
+		{"NFD's default", 0o755, 0o755},
+		{"group writable", 0o775, 0o775},
+		{"world writable", 0o777, 0o777},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := filepath.Join(t.TempDir(), "features.d")
+			require.NoError(t, os.Mkdir(dir, tc.mode))
+			require.NoError(t, os.Chmod(dir, tc.mode)) // past the umask
+
+			require.NoError(t, nfd.Write(dir, nfd.MIGLabels("", "", "NVIDIA H200")))
+
+			st, err := os.Stat(dir)
+			require.NoError(t, err)
+			assert.Equal(t, tc.got, st.Mode().Perm())
+		})
+	}
+}
+
 func TestStaleLabelsRemoved(t *testing.T) {
 	dir := t.TempDir()
 	require.NoError(t, nfd.Write(dir, nfd.MIGLabels("all-1g.18gb", "pending-reboot", "NVIDIA H200")))
