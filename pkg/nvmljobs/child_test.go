@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -28,14 +29,17 @@ import (
 // The test binary is also the child: with envChild set it serves one job, as
 // `nvidia-driver nvml-job` does, on simulated GPUs (envSim, a sim spec), on NVML loaded from
 // the request's subroot ("real"), or misbehaving ("silent", "stubborn"). On simulated GPUs,
-// envFault (METHOD:GPU) makes that GPU's first such call fail, and envKill (METHOD) kills
-// the child with SIGKILL at the first such call, as a crash in the driver's library would.
+// envFault (METHOD:GPU) makes that GPU's first such call fail, envKill (METHOD) kills the
+// child with SIGKILL at the first such call, as a crash in the driver's library would, and
+// envPause (FILE) makes the first mutating call write the child's pid to FILE and take a
+// while, so that a test can stop the child in the middle of a change.
 const (
 	envChild = "NVMLJOBS_TEST_CHILD"
 	envSim   = "NVMLJOBS_TEST_SIM"
 	envHost  = "NVMLJOBS_TEST_HOST"
 	envFault = "NVMLJOBS_TEST_FAULT"
 	envKill  = "NVMLJOBS_TEST_KILL"
+	envPause = "NVMLJOBS_TEST_PAUSE"
 )
 
 func TestMain(m *testing.M) {
@@ -96,6 +100,20 @@ func simulated(_ string, log *slog.Logger) *nvmljobs.Local {
 				syscall.Kill(os.Getpid(), syscall.SIGKILL) //nolint:errcheck // it dies here or the test fails
 				time.Sleep(time.Minute)
 			}
+		})
+	}
+
+	if pause := os.Getenv(envPause); pause != "" {
+		var once sync.Once
+
+		node.OnMutating(func(string, int) {
+			once.Do(func() {
+				if err := os.WriteFile(pause, []byte(strconv.Itoa(os.Getpid())), 0o644); err != nil {
+					panic(err)
+				}
+
+				time.Sleep(500 * time.Millisecond)
+			})
 		})
 	}
 
@@ -227,6 +245,58 @@ func TestChildThatDiesDuringMIGChange(t *testing.T) {
 	var layoutErr *nvmljobs.LayoutError
 	assert.False(t, errors.As(err, &layoutErr), "a dead child is not a layout that cannot work")
 	assert.Empty(t, res.GPUs)
+}
+
+// TestChildStoppedAsTalosStopsMidMIGChange: Talos stops the service by signalling every
+// process of its container at once, so the child gets SIGTERM while the service's context
+// ends. The child finishes what it was doing with the GPU (the job ends its changes, it is
+// not killed between two NVML calls), and its answer still reaches the service, with each
+// GPU's outcome for the status, well before StopWait.
+func TestChildStoppedAsTalosStopsMidMIGChange(t *testing.T) {
+	host, req := migHost(t, "h200:1")
+	paused := filepath.Join(t.TempDir(), "pid")
+	c := child(t, "sim", envSim+"=h200:1", envHost+"="+host, envPause+"="+paused)
+	c.StopWait = 10 * time.Second
+
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+
+	type outcome struct {
+		res nvmljobs.MIGResult
+		err error
+	}
+
+	done := make(chan outcome, 1)
+
+	go func() {
+		res, err := c.ApplyMIG(ctx, req, nil)
+		done <- outcome{res, err}
+	}()
+
+	var pid int
+
+	require.Eventually(t, func() bool {
+		data, err := os.ReadFile(paused)
+		if err != nil || len(data) == 0 {
+			return false
+		}
+
+		pid, err = strconv.Atoi(string(data))
+
+		return err == nil
+	}, 10*time.Second, 5*time.Millisecond, "the change never started")
+
+	start := time.Now()
+
+	require.NoError(t, syscall.Kill(pid, syscall.SIGTERM))
+	cancel()
+
+	got := <-done
+	require.NoError(t, got.err)
+	assert.Less(t, time.Since(start), 5*time.Second, "the child was not killed after StopWait")
+	require.Len(t, got.res.GPUs, 1)
+	assert.True(t, got.res.GPUs[0].Changed, got.res.GPUs[0].Message)
+	assert.NotEmpty(t, got.res.GPUs[0].Result)
 }
 
 // TestChildLayoutErrorIsKnown: a layout that cannot be planned comes back as a LayoutError
