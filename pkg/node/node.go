@@ -155,12 +155,9 @@ func (r *Runner) bringUp(ctx context.Context) error {
 		return err
 	}
 
-	nodes, err := devnodes.Sync(r.log, r.cfg.HostRoot)
-	if err != nil {
-		return fmt.Errorf("creating device nodes: %w", err)
+	if err := r.syncDeviceNodes(); err != nil {
+		return err
 	}
-
-	r.status.update(func(s *Status) { s.DeviceNodes = len(nodes.Nodes) }) //nolint:errcheck
 
 	// The driver root's dev/ shows the host's /dev, as a driver container's root does: the
 	// device plugin, DRA driver and GPU Operator validator look for device nodes there.
@@ -170,7 +167,9 @@ func (r *Runner) bringUp(ctx context.Context) error {
 
 	var gpus []gpu.GPU
 
-	err = r.waitFor(ctx, "a GPU that NVML can see", func() error {
+	err := r.waitFor(ctx, "a GPU that NVML can see", func() error {
+		var err error
+
 		gpus, err = r.jobs.ListGPUs(ctx)
 
 		return err
@@ -338,7 +337,11 @@ func (r *Runner) applyMIG(ctx context.Context) error {
 		ValidationsDir: r.cfg.ValidationsDir(),
 	}
 
+	changing := false
+
 	res, err := r.jobs.ApplyMIG(ctx, req, func() {
+		changing = true
+
 		r.report(PhaseStarting, fmt.Sprintf("changing the GPUs to MIG layout %q; readiness withdrawn meanwhile", r.cfg.MIGLayout))
 	})
 
@@ -346,6 +349,15 @@ func (r *Runner) applyMIG(ctx context.Context) error {
 	if errors.As(err, &layoutErr) {
 		// Planning failed: nothing was changed, and trying again cannot help.
 		return permanent(fmt.Errorf("MIG layout %q: %w", r.cfg.MIGLayout, err))
+	}
+
+	if err != nil && changing {
+		// The job ended without an answer after it began to change GPUs (its process died):
+		// it may have changed some without making their device nodes, and the next try,
+		// finding them in the layout, changes nothing and so makes none either.
+		if syncErr := r.syncDeviceNodes(); syncErr != nil {
+			return fmt.Errorf("%w; then %w", err, syncErr)
+		}
 	}
 
 	if err != nil {
@@ -372,6 +384,19 @@ func (r *Runner) applyMIG(ctx context.Context) error {
 	if len(failed) > 0 {
 		return fmt.Errorf("not applied, GPUs rolled back: %s", strings.Join(failed, "; "))
 	}
+
+	return nil
+}
+
+// syncDeviceNodes makes the host's NVIDIA device nodes match what the driver offers now, and
+// counts them in the status.
+func (r *Runner) syncDeviceNodes() error {
+	nodes, err := devnodes.Sync(r.log, r.cfg.HostRoot)
+	if err != nil {
+		return fmt.Errorf("creating device nodes: %w", err)
+	}
+
+	r.status.update(func(s *Status) { s.DeviceNodes = len(nodes.Nodes) }) //nolint:errcheck // reported by report()
 
 	return nil
 }

@@ -2,6 +2,7 @@ package node_test
 
 import (
 	"context"
+	"errors"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -16,6 +17,7 @@ import (
 
 	"github.com/talos-nvidia/nvidia-driver/internal/testutil"
 	"github.com/talos-nvidia/nvidia-driver/pkg/config"
+	"github.com/talos-nvidia/nvidia-driver/pkg/devnodes"
 	"github.com/talos-nvidia/nvidia-driver/pkg/gpu/sim"
 	"github.com/talos-nvidia/nvidia-driver/pkg/mig"
 	"github.com/talos-nvidia/nvidia-driver/pkg/node"
@@ -26,6 +28,16 @@ import (
 // the phases, and returns its status and log. CDI and persistenced are off: these tests are
 // about the order and the MIG job.
 func start(t *testing.T, gpus *sim.Node, migFile string, env ...string) (node.Status, string) {
+	t.Helper()
+
+	st, logs, _ := startWith(t, gpus, migFile, nil, env...)
+
+	return st, logs
+}
+
+// startWith is start with the runner's jobs made by jobs from the in-process ones (nil: those
+// themselves); it also returns the host root.
+func startWith(t *testing.T, gpus *sim.Node, migFile string, jobs func(*nvmljobs.Local) nvmljobs.Jobs, env ...string) (node.Status, string, string) {
 	t.Helper()
 	testutil.RequireRoot(t)
 
@@ -56,10 +68,17 @@ func start(t *testing.T, gpus *sim.Node, migFile string, env ...string) (node.St
 	var logs strings.Builder
 
 	log := slog.New(slog.NewTextHandler(&logs, nil))
-	jobs := &nvmljobs.Local{Log: log, NVML: gpus, Resetter: gpus, AfterMIGChange: writeProc}
-	r := node.New(log, cfg, jobs, node.WithBackoff(node.Backoff{Initial: 10 * time.Millisecond, Max: 20 * time.Millisecond}))
+	local := &nvmljobs.Local{Log: log, NVML: gpus, Resetter: gpus, AfterMIGChange: writeProc}
 
-	return runUntilSettled(t, r, &logs, 10*time.Second, 0)
+	var run nvmljobs.Jobs = local
+	if jobs != nil {
+		run = jobs(local)
+	}
+
+	r := node.New(log, cfg, run, node.WithBackoff(node.Backoff{Initial: 10 * time.Millisecond, Max: 20 * time.Millisecond}))
+	st, out := runUntilSettled(t, r, &logs, 10*time.Second, 0)
+
+	return st, out, host
 }
 
 // runUntilSettled runs r until it is ready or failed (at most within), holds it for hold more
@@ -139,4 +158,58 @@ func TestMIGLayoutThatDoesNotFitFailsAtOnce(t *testing.T) {
 	assert.Contains(t, st.Message, `MIG layout "too-big"`)
 	assert.NotContains(t, logs, "waiting for MIG layout")
 	assert.Zero(t, gpus.MutatingCalls(), "no GPU was touched")
+}
+
+// diesAfterChange stands for the nvml-job child of a MIG change that dies once it changed the
+// GPUs and the driver updated /proc, before it made the new device nodes (a crash in
+// libnvidia-ml, an OOM kill): the service heard "changing" and then got no answer, as
+// nvmljobs.Child reports it. The change itself is the in-process job's, on the simulated GPUs.
+type diesAfterChange struct {
+	*nvmljobs.Local
+	deaths int
+}
+
+func (d *diesAfterChange) ApplyMIG(ctx context.Context, req nvmljobs.MIGRequest, changing func()) (nvmljobs.MIGResult, error) {
+	if d.deaths == 0 {
+		return d.Local.ApplyMIG(ctx, req, changing)
+	}
+
+	d.deaths--
+
+	errDied := errors.New("died")
+	dying := *d.Local
+	dying.AfterMIGChange = func() error {
+		if err := d.Local.AfterMIGChange(); err != nil {
+			return err
+		}
+
+		return errDied
+	}
+
+	if _, err := dying.ApplyMIG(ctx, req, changing); err != nil {
+		return nvmljobs.MIGResult{}, err
+	}
+
+	return nvmljobs.MIGResult{}, errors.New("NVML job apply-mig: the child process gave no answer: signal: killed")
+}
+
+// TestMIGJobThatDiedAfterTheChangeLeavesNoDeviceNodeMissing: the job dies after the GPU
+// changed; the next try finds the GPU in the layout and changes nothing, so no job makes the
+// MIG instances' device nodes: the service makes them itself, and counts them in the status.
+func TestMIGJobThatDiedAfterTheChangeLeavesNoDeviceNodeMissing(t *testing.T) {
+	gpus := sim.New(testutil.Model(t, "h100-80gb"), 1)
+
+	st, logs, host := startWith(t, gpus, h100Layout, func(l *nvmljobs.Local) nvmljobs.Jobs {
+		return &diesAfterChange{Local: l, deaths: 1}
+	}, "NVIDIA_DRIVER_MIG_LAYOUT=split")
+
+	require.Equal(t, node.PhaseReady, st.Phase, logs)
+	assert.Contains(t, logs, "the child process gave no answer", "the dead job is reported")
+	require.Len(t, st.MIG, 1)
+	assert.Contains(t, st.MIG[0].Message, "already in layout", "the second try changed nothing")
+
+	now, err := devnodes.Sync(slog.New(slog.DiscardHandler), host)
+	require.NoError(t, err)
+	assert.Empty(t, now.Created, "device nodes the driver offers were missing after bring-up")
+	assert.Equal(t, len(now.Nodes), st.DeviceNodes, "the status counts the device nodes there are")
 }

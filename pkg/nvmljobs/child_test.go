@@ -8,7 +8,9 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -26,11 +28,18 @@ import (
 
 // The test binary is also the child: with envChild set it serves one job, as
 // `nvidia-driver nvml-job` does, on simulated GPUs (envSim, a sim spec), on NVML loaded from
-// the request's subroot ("real"), or misbehaving ("silent", "stubborn").
+// the request's subroot ("real"), or misbehaving ("silent", "stubborn"). On simulated GPUs,
+// envFault (METHOD:GPU) makes that GPU's first such call fail, envKill (METHOD) kills the
+// child with SIGKILL at the first such call, as a crash in the driver's library would, and
+// envPause (FILE) makes the first mutating call write the child's pid to FILE and take a
+// while, so that a test can stop the child in the middle of a change.
 const (
 	envChild = "NVMLJOBS_TEST_CHILD"
 	envSim   = "NVMLJOBS_TEST_SIM"
 	envHost  = "NVMLJOBS_TEST_HOST"
+	envFault = "NVMLJOBS_TEST_FAULT"
+	envKill  = "NVMLJOBS_TEST_KILL"
+	envPause = "NVMLJOBS_TEST_PAUSE"
 )
 
 func TestMain(m *testing.M) {
@@ -72,6 +81,40 @@ func simulated(_ string, log *slog.Logger) *nvmljobs.Local {
 	node, err := sim.FromSpec(os.Getenv(envSim))
 	if err != nil {
 		panic(err) // the test's own child: a bad spec is a broken test
+	}
+
+	if fault := os.Getenv(envFault); fault != "" {
+		method, index, _ := strings.Cut(fault, ":")
+
+		gpu, err := strconv.Atoi(index)
+		if err != nil {
+			panic(err)
+		}
+
+		node.InjectFault(sim.Fault{Method: method, GPU: gpu, Ret: nvml.ERROR_INSUFFICIENT_RESOURCES})
+	}
+
+	if kill := os.Getenv(envKill); kill != "" {
+		node.OnMutating(func(method string, _ int) {
+			if method == kill {
+				syscall.Kill(os.Getpid(), syscall.SIGKILL) //nolint:errcheck // it dies here or the test fails
+				time.Sleep(time.Minute)
+			}
+		})
+	}
+
+	if pause := os.Getenv(envPause); pause != "" {
+		var once sync.Once
+
+		node.OnMutating(func(string, int) {
+			once.Do(func() {
+				if err := os.WriteFile(pause, []byte(strconv.Itoa(os.Getpid())), 0o644); err != nil {
+					panic(err)
+				}
+
+				time.Sleep(500 * time.Millisecond)
+			})
+		})
 	}
 
 	writeProc := func() error {
@@ -124,27 +167,10 @@ func TestChildReadsFabric(t *testing.T) {
 // TestChildAppliesMIG: the layout is applied in the child, which withdraws the readiness
 // file and says so before the first change, and makes the MIG device nodes.
 func TestChildAppliesMIG(t *testing.T) {
-	testutil.RequireRoot(t)
-
-	host := t.TempDir()
-	validations := filepath.Join(host, "run/nvidia/validations")
-	require.NoError(t, os.MkdirAll(validations, 0o755))
-	ready := filepath.Join(validations, driverroot.ReadyFile)
-	require.NoError(t, os.WriteFile(ready, []byte("stale\n"), 0o644))
-
-	// The driver's /proc before the change, as the node has it.
-	node, err := sim.FromSpec("h200:1")
-	require.NoError(t, err)
-	require.Equal(t, nvml.SUCCESS, node.Init())
-	require.NoError(t, sim.WriteProcFS(host, node))
-	node.Shutdown() //nolint:errcheck
-
+	host, req := migHost(t, "h200:1")
+	ready := filepath.Join(req.ValidationsDir, driverroot.ReadyFile)
 	c := child(t, "sim", envSim+"=h200:1", envHost+"="+host)
 	changing := 0
-	req := nvmljobs.MIGRequest{
-		ConfigFile: filepath.Join(host, "no-such-file"), Layout: mig.LayoutAll1g,
-		HostRoot: host, ProcRoot: filepath.Join(host, "proc"), ValidationsDir: validations,
-	}
 
 	res, err := c.ApplyMIG(context.Background(), req, func() {
 		changing++
@@ -157,6 +183,120 @@ func TestChildAppliesMIG(t *testing.T) {
 	assert.Equal(t, mig.ResultSuccess, res.GPUs[0].Result, res.GPUs[0].Message)
 	assert.Greater(t, res.DeviceNodes, 1, "the MIG device nodes were made")
 	assert.DirExists(t, filepath.Join(host, "dev/nvidia-caps"))
+}
+
+// migHost is a host root with the driver's /proc of GPUs spec before any change, and a
+// readiness file from an earlier run.
+func migHost(t *testing.T, spec string) (host string, req nvmljobs.MIGRequest) {
+	t.Helper()
+	testutil.RequireRoot(t)
+
+	host = t.TempDir()
+	validations := filepath.Join(host, "run/nvidia/validations")
+	require.NoError(t, os.MkdirAll(validations, 0o755))
+	require.NoError(t, os.WriteFile(filepath.Join(validations, driverroot.ReadyFile), []byte("stale\n"), 0o644))
+
+	node, err := sim.FromSpec(spec)
+	require.NoError(t, err)
+	require.Equal(t, nvml.SUCCESS, node.Init())
+	require.NoError(t, sim.WriteProcFS(host, node))
+	node.Shutdown() //nolint:errcheck
+
+	return host, nvmljobs.MIGRequest{
+		ConfigFile: filepath.Join(host, "no-such-file"), Layout: mig.LayoutAll1g,
+		HostRoot: host, ProcRoot: filepath.Join(host, "proc"), ValidationsDir: validations,
+	}
+}
+
+// TestChildMIGChangeThatFailsHalfWay: the second GPU's instances cannot be made; the answer
+// still comes, with each GPU's outcome (the first changed, the second rolled back), no
+// error (the service decides to try again from the statuses), and the device nodes the
+// first GPU's instances need.
+func TestChildMIGChangeThatFailsHalfWay(t *testing.T) {
+	host, req := migHost(t, "h200:2")
+	c := child(t, "sim", envSim+"=h200:2", envHost+"="+host, envFault+"="+sim.MCreateGpuInstanceWithPlacement+":1")
+	changing := 0
+
+	res, err := c.ApplyMIG(context.Background(), req, func() { changing++ })
+	require.NoError(t, err)
+	assert.Equal(t, 1, changing)
+	require.Len(t, res.GPUs, 2)
+	assert.Equal(t, mig.ResultSuccess, res.GPUs[0].Result, res.GPUs[0].Message)
+	assert.True(t, res.GPUs[0].Changed)
+	assert.Equal(t, mig.ResultFailed, res.GPUs[1].Result)
+	assert.Contains(t, res.GPUs[1].Message, "rolled back to the previous layout")
+	assert.Greater(t, res.DeviceNodes, 1, "the first GPU's MIG device nodes were made")
+	assert.DirExists(t, filepath.Join(host, "dev/nvidia-caps"))
+}
+
+// TestChildThatDiesDuringMIGChange: the child dies in the middle of the change. The service
+// heard that GPUs change, and gets an error that says the child gave no answer: not a
+// LayoutError, so it tries again.
+func TestChildThatDiesDuringMIGChange(t *testing.T) {
+	host, req := migHost(t, "h200:2")
+	c := child(t, "sim", envSim+"=h200:2", envHost+"="+host, envKill+"="+sim.MCreateGpuInstanceWithPlacement)
+	changing := 0
+
+	res, err := c.ApplyMIG(context.Background(), req, func() { changing++ })
+	require.Error(t, err)
+	assert.Equal(t, 1, changing)
+	assert.Contains(t, err.Error(), "NVML job apply-mig: the child process gave no answer: signal: killed")
+
+	var layoutErr *nvmljobs.LayoutError
+	assert.False(t, errors.As(err, &layoutErr), "a dead child is not a layout that cannot work")
+	assert.Empty(t, res.GPUs)
+}
+
+// TestChildStoppedAsTalosStopsMidMIGChange: Talos stops the service by signalling every
+// process of its container at once, so the child gets SIGTERM while the service's context
+// ends. The child finishes what it was doing with the GPU (the job ends its changes, it is
+// not killed between two NVML calls), and its answer still reaches the service, with each
+// GPU's outcome for the status, well before StopWait.
+func TestChildStoppedAsTalosStopsMidMIGChange(t *testing.T) {
+	host, req := migHost(t, "h200:1")
+	paused := filepath.Join(t.TempDir(), "pid")
+	c := child(t, "sim", envSim+"=h200:1", envHost+"="+host, envPause+"="+paused)
+	c.StopWait = 10 * time.Second
+
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+
+	type outcome struct {
+		res nvmljobs.MIGResult
+		err error
+	}
+
+	done := make(chan outcome, 1)
+
+	go func() {
+		res, err := c.ApplyMIG(ctx, req, nil)
+		done <- outcome{res, err}
+	}()
+
+	var pid int
+
+	require.Eventually(t, func() bool {
+		data, err := os.ReadFile(paused)
+		if err != nil || len(data) == 0 {
+			return false
+		}
+
+		pid, err = strconv.Atoi(string(data))
+
+		return err == nil
+	}, 10*time.Second, 5*time.Millisecond, "the change never started")
+
+	start := time.Now()
+
+	require.NoError(t, syscall.Kill(pid, syscall.SIGTERM))
+	cancel()
+
+	got := <-done
+	require.NoError(t, got.err)
+	assert.Less(t, time.Since(start), 5*time.Second, "the child was not killed after StopWait")
+	require.Len(t, got.res.GPUs, 1)
+	assert.True(t, got.res.GPUs[0].Changed, got.res.GPUs[0].Message)
+	assert.NotEmpty(t, got.res.GPUs[0].Result)
 }
 
 // TestChildLayoutErrorIsKnown: a layout that cannot be planned comes back as a LayoutError

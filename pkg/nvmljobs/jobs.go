@@ -29,8 +29,10 @@ type Jobs interface {
 	ListGPUs(ctx context.Context) ([]gpu.GPU, error)
 	// FabricStates reads every GPU's NVLink fabric registration.
 	FabricStates(ctx context.Context) ([]gpu.FabricState, error)
-	// ApplyMIG applies a MIG layout. changing runs once, before the first change to any
-	// GPU. A *LayoutError means nothing was changed and trying again cannot help.
+	// ApplyMIG applies a MIG layout. changing runs once, when the job is about to change the
+	// first GPU, after it withdrew the readiness files (in a Child, when the child's word of
+	// it arrives: the change may have begun). A *LayoutError means nothing was changed and
+	// trying again cannot help.
 	ApplyMIG(ctx context.Context, req MIGRequest, changing func()) (MIGResult, error)
 	// WriteCDI writes the node's CDI spec, atomically, when its content changed.
 	WriteCDI(ctx context.Context, req CDIRequest) error
