@@ -313,6 +313,19 @@ func TestChildLayoutErrorIsKnown(t *testing.T) {
 	assert.False(t, called)
 }
 
+// TestChildReadErrorIsRetried: an NVML error while reading the GPUs' MIG state is no layout
+// error: the service tries again.
+func TestChildReadErrorIsRetried(t *testing.T) {
+	c := child(t, "sim", envSim+"=h200:1", envFault+"=Device.GetMigMode:0")
+
+	_, err := c.ApplyMIG(context.Background(), nvmljobs.MIGRequest{ConfigFile: "/nonexistent", Layout: mig.LayoutAll1g}, nil)
+
+	var layoutErr *nvmljobs.LayoutError
+	require.Error(t, err)
+	assert.False(t, errors.As(err, &layoutErr), "a read error is retried, not taken for a bad layout: %v", err)
+	assert.Contains(t, err.Error(), "reading the GPUs' MIG state")
+}
+
 // TestChildNVMLErrorsReachTheService: NVML that cannot be loaded (an empty subroot) is the
 // real go-nvml's error, in words a person can act on.
 func TestChildNVMLErrorsReachTheService(t *testing.T) {

@@ -12,6 +12,7 @@ package nvmljobs
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
@@ -168,12 +169,19 @@ func (l *Local) ApplyMIG(ctx context.Context, req MIGRequest, changing func()) (
 	}
 
 	err = l.withNVML(func() error {
-		var err error
+		// An NVML error while reading the GPUs may pass (the service tries again); a layout
+		// that does not fit them will not.
+		gpus, err := mig.ReadGPUs(l.NVML)
+		if err != nil {
+			return fmt.Errorf("reading the GPUs' MIG state: %w", err)
+		}
 
-		res.GPUs, err = applier.Apply(ctx, cfg, req.Layout)
+		plan, err := mig.PlanLayout(cfg, req.Layout, gpus)
 		if err != nil {
 			return &LayoutError{Err: err}
 		}
+
+		res.GPUs = applier.ApplyPlan(ctx, plan)
 
 		return nil
 	})
