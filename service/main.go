@@ -74,7 +74,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 
 		return migcli.RunPlanCLI(args[1:], stdout, stderr)
 	case nvmlJobCommand:
-		return nvmlJob(stdout, stderr)
+		return nvmlJob(stderr)
 	case "version", "--version":
 		fmt.Fprintln(stdout, version)
 
@@ -205,14 +205,9 @@ func logSettings(log *slog.Logger, cfg config.Config) {
 // nvmlJobCommand runs one NVML job in a child process of the service (see pkg/nvmljobs).
 const nvmlJobCommand = "nvml-job"
 
-// nvmlJob is the child's side of an NVML job: the request on stdin, the answer on stdout, the
-// log on stderr. Talos's stop signals every process of the container: a SIGTERM ends the job's
-// context, so a MIG change under way rolls back before the child exits.
-func nvmlJob(stdout, stderr io.Writer) int {
-	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
-	defer stop()
-
-	if err := nvmljobs.Serve(ctx, os.Stdin, stdout, stderr, nvmljobs.OnSubroot); err != nil {
+// nvmlJob is the child's side of an NVML job (nvmljobs.ServeProcess).
+func nvmlJob(stderr io.Writer) int {
+	if err := nvmljobs.ServeProcess(nvmljobs.OnSubroot); err != nil {
 		fmt.Fprintln(stderr, "nvml-job:", err)
 
 		return 1

@@ -9,9 +9,13 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"os"
 	"os/exec"
+	"os/signal"
 	"syscall"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/talos-nvidia/nvidia-driver/pkg/gpu"
 )
@@ -151,7 +155,7 @@ func (c *Child) run(ctx context.Context, req request, changing func()) (response
 	for sc.Scan() {
 		var m message
 		if err := json.Unmarshal(sc.Bytes(), &m); err != nil {
-			continue // not ours: the job's libraries may print to standard output
+			continue // not a message: ServeProcess sends stray output to the log, an older child may not
 		}
 
 		if m.Changing && changing != nil {
@@ -192,6 +196,32 @@ func (r response) err() error {
 	default:
 		return errors.New(r.Error)
 	}
+}
+
+// ServeProcess is the whole child process: one request from stdin, the answer on stdout, the
+// log on stderr. Whatever else writes to stdout (a library's printf) is sent to stderr, so
+// that it cannot run into an answer line. Talos's stop signals every process of the
+// container: SIGTERM ends the job's context, and a MIG change under way rolls back before
+// the child exits.
+func ServeProcess(newLocal func(subroot string, log *slog.Logger) *Local) error {
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	defer stop()
+
+	// The answers keep the stdout the service reads, on a descriptor of their own that no
+	// program the job runs inherits; descriptor 1 becomes the log.
+	fd, err := unix.FcntlInt(uintptr(unix.Stdout), unix.F_DUPFD_CLOEXEC, 3)
+	if err != nil {
+		return fmt.Errorf("keeping the answers' descriptor: %w", err)
+	}
+
+	answers := os.NewFile(uintptr(fd), "nvml-job answers")
+	defer answers.Close() //nolint:errcheck // written and synced by Serve's encoder
+
+	if err := unix.Dup2(unix.Stderr, unix.Stdout); err != nil {
+		return fmt.Errorf("sending stray output to the log: %w", err)
+	}
+
+	return Serve(ctx, os.Stdin, answers, os.Stderr, newLocal)
 }
 
 // Serve is the child's side: it reads one request from in, runs it on the Local that

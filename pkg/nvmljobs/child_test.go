@@ -60,13 +60,15 @@ func TestMain(m *testing.M) {
 }
 
 func serve(newLocal func(string, *slog.Logger) *nvmljobs.Local) int {
-	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM)
-	defer stop()
+	// A stray line on stdout, as a library might print once the job runs: it must go to the
+	// log, not into the answers.
+	withStray := func(subroot string, log *slog.Logger) *nvmljobs.Local {
+		fmt.Println(`{"done":{"error":"a stray line"}}`)
 
-	// A stray line on stdout, as a library might print: the service must skip it.
-	fmt.Println("not a message")
+		return newLocal(subroot, log)
+	}
 
-	if err := nvmljobs.Serve(ctx, os.Stdin, os.Stdout, os.Stderr, newLocal); err != nil {
+	if err := nvmljobs.ServeProcess(withStray); err != nil {
 		fmt.Fprintln(os.Stderr, err)
 
 		return 1
@@ -148,8 +150,13 @@ func child(t *testing.T, mode string, env ...string) *nvmljobs.Child {
 func TestChildListsGPUs(t *testing.T) {
 	c := child(t, "sim", envSim+"=h200:2")
 
+	var log testutil.SyncBuffer
+
+	c.Stderr = &log
+
 	gpus, err := c.ListGPUs(context.Background())
 	require.NoError(t, err)
+	assert.Contains(t, log.String(), `{"done":{"error":"a stray line"}}`, "what the job prints to stdout goes to the log")
 	require.Len(t, gpus, 2)
 	assert.Equal(t, "NVIDIA H200", gpus[0].Name)
 	assert.NotEqual(t, gpus[0].UUID, gpus[1].UUID)
