@@ -155,7 +155,7 @@ func (c *Child) run(ctx context.Context, req request, changing func()) (response
 	for sc.Scan() {
 		var m message
 		if err := json.Unmarshal(sc.Bytes(), &m); err != nil {
-			continue // not a message: ServeProcess sends stray output to the log, an older child may not
+			continue // not a message (ServeProcess sends stray output to the log): skipped
 		}
 
 		if m.Changing && changing != nil {
