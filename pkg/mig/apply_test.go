@@ -85,7 +85,7 @@ func loadDefault(t testing.TB) *mig.Config {
 }
 
 // TestGPUOperatorDefaultLayouts plans and applies every layout of NVIDIA's
-// default config that applies to each A100 and H100 model, then applies it
+// default config that applies to each A100, H100 and H200 model, then applies it
 // again as after a restart: no mutating call.
 func TestGPUOperatorDefaultLayouts(t *testing.T) {
 	cfg := loadDefault(t)
@@ -93,6 +93,7 @@ func TestGPUOperatorDefaultLayouts(t *testing.T) {
 		"a100-40gb": {"all-1g.10gb", "all-1g.5gb", "all-1g.5gb.me", "all-2g.10gb", "all-3g.20gb", "all-4g.20gb", "all-7g.40gb", "op-all-balanced", "op-all-disabled", "op-all-enabled"},
 		"a100-80gb": {"all-1g.10gb", "all-1g.10gb.me", "all-1g.20gb", "all-2g.20gb", "all-3g.40gb", "all-4g.40gb", "all-7g.80gb", "op-all-balanced", "op-all-disabled", "op-all-enabled"},
 		"h100-80gb": {"all-1g.10gb", "all-1g.10gb.me", "all-1g.20gb", "all-2g.20gb", "all-3g.40gb", "all-4g.40gb", "all-7g.80gb", "op-all-balanced", "op-all-disabled", "op-all-enabled"},
+		"h200":      {"all-1g.18gb", "all-1g.18gb.me", "all-1g.35gb", "all-2g.35gb", "all-3g.71gb", "all-4g.71gb", "all-7g.141gb", "op-all-balanced", "op-all-disabled", "op-all-enabled"},
 	}
 
 	for model, layouts := range want {

@@ -96,16 +96,24 @@ func TestParseAcceptsGPUOperatorDefault(t *testing.T) {
 	require.ErrorAs(t, err, &verr)
 	assert.Equal(t, "default.yaml", verr.File)
 	assert.Equal(t, []string{
-		`line 7: layout "all-disabled": shadows the built-in layout of that name; give yours another name`,
-		`line 11: layout "all-enabled": shadows the built-in layout of that name; give yours another name`,
-		`line 341: layout "all-balanced": shadows the built-in layout of that name; give yours another name`,
+		`line 8: layout "all-disabled": shadows the built-in layout of that name; give yours another name`,
+		`line 12: layout "all-enabled": shadows the built-in layout of that name; give yours another name`,
+		`line 356: layout "all-balanced": shadows the built-in layout of that name; give yours another name`,
 	}, verr.Problems)
 
 	cfg, err := mig.Parse([]byte(renameShadows(string(data))))
 	require.NoError(t, err)
-	assert.Len(t, cfg.Layouts, 68)
-	assert.Len(t, cfg.Layouts["op-all-balanced"], 10)
+	// The file as GPU Operator v26.3.1 ships it: 81 layouts, the B300 ones (0x318210DE,
+	// 0x31C210DE) included, and all-1g.35gb split by device between H200 and B300.
+	assert.Len(t, cfg.Layouts, 81)
+	assert.Len(t, cfg.Layouts["op-all-balanced"], 12)
 	assert.Equal(t, []uint32{0x20B710DE}, cfg.Layouts["op-all-balanced"][8].Filter)
+	assert.Equal(t, []uint32{0x31C210DE}, cfg.Layouts["op-all-balanced"][11].Filter)
+	require.Len(t, cfg.Layouts["all-1g.35gb"], 2)
+	assert.Equal(t, []uint32{0x233510DE}, cfg.Layouts["all-1g.35gb"][0].Filter)
+	assert.Equal(t, map[string]int{"1g.35gb": 4}, cfg.Layouts["all-1g.35gb"][0].MigDevices)
+	assert.Equal(t, []uint32{0x31C210DE}, cfg.Layouts["all-1g.35gb"][1].Filter)
+	assert.Equal(t, map[string]int{"1g.35gb": 7}, cfg.Layouts["all-1g.35gb"][1].MigDevices)
 }
 
 func FuzzParse(f *testing.F) {
