@@ -290,11 +290,16 @@ func (p *parser) layout(name string, n *yaml.Node) []Entry {
 			e.MigEnabled = enabled.Value == "true" || enabled.Value == "True" || enabled.Value == "TRUE"
 		}
 
-		if migDevices != nil {
+		// mig-parted's rules (api/spec/v1/spec.go, MigConfigSpec.UnmarshalJSON): mig-devices is
+		// required when mig-enabled is true, and must be empty when it is false.
+		switch {
+		case migDevices != nil:
 			e.MigDevices = p.migDevices(at("mig-devices"), migDevices)
 			if enabledValid && !e.MigEnabled && len(e.MigDevices) > 0 {
 				p.addf("%s: %s: set while mig-enabled is false", line(migDevices), at("mig-devices"))
 			}
+		case enabledValid && e.MigEnabled:
+			p.addf("%s: %s: required when mig-enabled is true (write mig-devices: {} for MIG on with no instances)", line(en), at("mig-devices"))
 		}
 
 		entries = append(entries, e)
@@ -395,6 +400,14 @@ func (p *parser) filter(at string, n *yaml.Node) []uint32 {
 			continue
 		}
 
+		// mig-parted reads YAML as YAML 1.1 (sigs.k8s.io/yaml), where an unquoted 0x233510DE is
+		// a number, and its device-filter takes only strings: it rejects the file.
+		if c.Style&(yaml.DoubleQuotedStyle|yaml.SingleQuotedStyle) == 0 && c.ShortTag() == "!!int" {
+			p.addf("%s: %s: %s is read as a number; quote it: \"%s\"", line(c), at, c.Value, c.Value)
+
+			continue
+		}
+
 		id, err := ParseDeviceID(c.Value)
 		if err != nil {
 			p.addf("%s: %s: %q: %v", line(c), at, c.Value, err)
@@ -445,6 +458,18 @@ func (p *parser) migDevices(at string, n *yaml.Node) map[string]int {
 		}
 
 		out[k.Value] = count
+	}
+
+	// mig-parted (pkg/types/mig_config.go, AssertValidFormat): counts that are all 0 are an
+	// error; an empty map is not.
+	if len(out) > 0 && len(out) == len(n.Content)/2 {
+		for _, c := range out {
+			if c > 0 {
+				return out
+			}
+		}
+
+		p.addf("%s: %s: every count is 0 (write mig-devices: {} for MIG on with no instances)", line(n), at)
 	}
 
 	return out

@@ -27,7 +27,7 @@ var badConfigs = []struct {
 	{"layout not list", "version: v1\nmig-configs:\n  a: {devices: all}\n", []string{"line 3: layout \"a\": must be a list of entries"}},
 	{"layout empty", "version: v1\nmig-configs:\n  a: []\n", []string{"line 3: layout \"a\": has no entries"}},
 	{"entry not map", "version: v1\nmig-configs:\n  a:\n    - all\n", []string{"line 4: layout \"a\", entry 0: must be a map"}},
-	{"unknown entry key", "version: v1\nmig-configs:\n  a:\n    - devices: all\n      mig-enable: true\n      mig-enabled: true\n", []string{"line 5: layout \"a\", entry 0: unknown key \"mig-enable\" (want devices, device-filter, mig-enabled, mig-devices)"}},
+	{"unknown entry key", "version: v1\nmig-configs:\n  a:\n    - devices: all\n      mig-enable: true\n      mig-enabled: false\n", []string{"line 5: layout \"a\", entry 0: unknown key \"mig-enable\" (want devices, device-filter, mig-enabled, mig-devices)"}},
 	{"devices missing", "version: v1\nmig-configs:\n  a:\n    - mig-enabled: false\n", []string{"line 4: layout \"a\", entry 0, devices: required"}},
 	{"devices word", "version: v1\nmig-configs:\n  a:\n    - devices: some\n      mig-enabled: false\n", []string{"line 4: layout \"a\", entry 0, devices: want \"all\" or a list of GPU indices, got \"some\""}},
 	{"devices map", "version: v1\nmig-configs:\n  a:\n    - devices: {a: 1}\n      mig-enabled: false\n", []string{"line 4: layout \"a\", entry 0, devices: want \"all\" or a list of GPU indices"}},
@@ -57,6 +57,12 @@ var badConfigs = []struct {
 	{"filter too long", "version: v1\nmig-configs:\n  a:\n    - devices: all\n      device-filter: [\"0x1233510DE\"]\n      mig-enabled: false\n", []string{"line 5: layout \"a\", entry 0, device-filter: \"0x1233510DE\": want 0x followed by up to 8 hex digits, such as 0x233510DE"}},
 	{"filter map", "version: v1\nmig-configs:\n  a:\n    - devices: all\n      device-filter: {a: b}\n      mig-enabled: false\n", []string{"line 5: layout \"a\", entry 0, device-filter: want a PCI device id or a list of them"}},
 	{"filter empty", "version: v1\nmig-configs:\n  a:\n    - devices: all\n      device-filter: []\n      mig-enabled: false\n", []string{"line 5: layout \"a\", entry 0, device-filter: empty list"}},
+	// What mig-parted v0.14.0 (the GPU Operator v26.3.1's mig-manager) rejects as well:
+	// api/spec/v1/spec.go, pkg/types/mig_config.go, and YAML 1.1 numbers (sigs.k8s.io/yaml).
+	{"filter unquoted", "version: v1\nmig-configs:\n  a:\n    - devices: all\n      device-filter: 0x233510DE\n      mig-enabled: false\n", []string{"line 5: layout \"a\", entry 0, device-filter: 0x233510DE is read as a number; quote it: \"0x233510DE\""}},
+	{"filter unquoted in list", "version: v1\nmig-configs:\n  a:\n    - devices: all\n      device-filter: [\"0x233010DE\", 0x233510DE]\n      mig-enabled: false\n", []string{"line 5: layout \"a\", entry 0, device-filter: 0x233510DE is read as a number; quote it: \"0x233510DE\""}},
+	{"enabled without mig-devices", "version: v1\nmig-configs:\n  a:\n    - devices: all\n      mig-enabled: true\n", []string{"line 4: layout \"a\", entry 0, mig-devices: required when mig-enabled is true (write mig-devices: {} for MIG on with no instances)"}},
+	{"every count 0", "version: v1\nmig-configs:\n  a:\n    - devices: all\n      mig-enabled: true\n      mig-devices: {\"1g.18gb\": 0, \"2g.35gb\": 0}\n", []string{"line 6: layout \"a\", entry 0, mig-devices: every count is 0 (write mig-devices: {} for MIG on with no instances)"}},
 	{"layout twice", "version: v1\nmig-configs:\n  a:\n    - devices: all\n      mig-enabled: false\n  a:\n    - devices: all\n      mig-enabled: false\n", []string{"line 6: layout \"a\": defined twice"}},
 	{"many problems at once", "version: v1\nmig-configs:\n  good:\n    - devices: all\n      mig-enabled: false\n  bad:\n    - devices: [0]\n      mig-enabled: true\n      mig-devices: {\"1g.10gb\": 1}\n    - devices: nope\n      mig-enabled: maybe\n      mig-devices: {\"2g\": 1, \"3g.40gb\": 9}\n", []string{"line 10: layout \"bad\", entry 1, devices: want \"all\" or a list of GPU indices, got \"nope\"", "line 11: layout \"bad\", entry 1, mig-enabled: must be true or false, got \"maybe\"", "line 12: layout \"bad\", entry 1, mig-devices[\"2g\"]: invalid profile \"2g\": want <g>g.<gb>gb or <c>c.<g>g.<gb>gb, optionally followed by +me, +me.all, +gfx or -me", "line 12: layout \"bad\", entry 1, mig-devices[\"3g.40gb\"]: count 9 out of range 0..7"}},
 	// Duplicate keys anywhere: YAML itself lets the last one win.
@@ -70,7 +76,7 @@ var badConfigs = []struct {
 }
 
 func TestParseRejectsBadConfigs(t *testing.T) {
-	require.GreaterOrEqual(t, len(badConfigs), 49, "the 43 earlier cases and the new ones")
+	require.GreaterOrEqual(t, len(badConfigs), 53, "the 43 earlier cases, issue 12's 6 and the 4 mig-parted rules")
 
 	for _, tc := range badConfigs {
 		t.Run(tc.name, func(t *testing.T) {
@@ -81,6 +87,30 @@ func TestParseRejectsBadConfigs(t *testing.T) {
 			var verr *mig.ValidationError
 			require.True(t, errors.As(err, &verr))
 			assert.Equal(t, tc.want, verr.Problems)
+		})
+	}
+}
+
+// TestParseAcceptsWhatMigPartedAccepts: the edge forms mig-parted v0.14.0 takes
+// (api/spec/v1/spec.go, pkg/types/mig_config.go) parse to what it means by them.
+func TestParseAcceptsWhatMigPartedAccepts(t *testing.T) {
+	for _, tc := range []struct {
+		name, entry string
+		want        mig.Entry
+	}{
+		{"filter quoted", "devices: all\n      device-filter: \"0x233510DE\"\n      mig-enabled: false", mig.Entry{AllDevices: true, Filter: []uint32{0x233510DE}}},
+		{"filter list lower case", "devices: [1]\n      device-filter: ['0x233510de', \"0x233010DE\"]\n      mig-enabled: false", mig.Entry{Devices: []int{1}, DeviceLines: []int{4}, Filter: []uint32{0x233510DE, 0x233010DE}}},
+		{"enabled, empty mig-devices", "devices: all\n      mig-enabled: true\n      mig-devices: {}", mig.Entry{AllDevices: true, MigEnabled: true, MigDevices: map[string]int{}}},
+		{"disabled, empty mig-devices", "devices: all\n      mig-enabled: false\n      mig-devices: {}", mig.Entry{AllDevices: true, MigDevices: map[string]int{}}},
+		{"some counts 0", "devices: all\n      mig-enabled: true\n      mig-devices: {\"1g.18gb\": 0, \"1c.3g.71gb\": 2}", mig.Entry{AllDevices: true, MigEnabled: true, MigDevices: map[string]int{"1g.18gb": 0, "1c.3g.71gb": 2}}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg, err := mig.Parse([]byte("version: v1\nmig-configs:\n  a:\n    - " + tc.entry + "\n"))
+			require.NoError(t, err)
+			require.Len(t, cfg.Layouts["a"], 1)
+
+			tc.want.Layout = "a"
+			assert.Equal(t, tc.want, cfg.Layouts["a"][0])
 		})
 	}
 }

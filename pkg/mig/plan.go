@@ -204,6 +204,12 @@ func planGPU(entries []Entry, g *GPU) (GPUPlan, error) {
 	}
 
 	if !g.MigCapable() {
+		// mig-parted skips a GPU without MIG that `devices: all` selects, and refuses one that
+		// is named by index (cmd/nvidia-mig-parted/apply/mode.go, ApplyMigMode).
+		if e.AllDevices {
+			return GPUPlan{GPU: g}, nil
+		}
+
 		return GPUPlan{}, fmt.Errorf("%s: %s: this GPU does not support MIG", e.where(), g.label())
 	}
 
