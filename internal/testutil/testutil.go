@@ -3,6 +3,7 @@
 package testutil
 
 import (
+	"context"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -11,6 +12,7 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/NVIDIA/go-nvml/pkg/nvml"
 	"golang.org/x/sys/unix"
 
 	"github.com/talos-nvidia/nvidia-driver/pkg/gpu/sim"
@@ -161,6 +163,29 @@ func Model(t testing.TB, key string) sim.ModelSpec {
 	}
 
 	return m
+}
+
+// EnableMIG turns MIG on for GPU i of a simulated node, resetting the GPU where the model
+// needs a reset to activate it (Ampere), and returns the GPU's handle after that.
+func EnableMIG(t testing.TB, node *sim.Node, i int) nvml.Device {
+	t.Helper()
+
+	dev, _ := node.DeviceGetHandleByIndex(i)
+
+	activation, ret := dev.SetMigMode(nvml.DEVICE_MIG_ENABLE)
+	if ret != nvml.SUCCESS {
+		t.Fatalf("SetMigMode(GPU %d): %v", i, ret)
+	}
+
+	if activation == nvml.ERROR_RESET_REQUIRED {
+		if err := node.ResetGPU(context.Background(), i); err != nil {
+			t.Fatalf("resetting GPU %d: %v", i, err)
+		}
+	}
+
+	dev, _ = node.DeviceGetHandleByIndex(i)
+
+	return dev
 }
 
 // SyncBuffer is a log sink that goroutines write while a test reads it.

@@ -59,13 +59,7 @@ func TestTablesMatchGoNVMLMock(t *testing.T) {
 				// Compute-instance profiles: every size the mock lists is offered with its count.
 				node := sim.New(m, 1)
 				require.Equal(t, nvml.SUCCESS, node.Init())
-				dev, _ := node.DeviceGetHandleByIndex(0)
-				activation, ret := dev.SetMigMode(nvml.DEVICE_MIG_ENABLE)
-				require.Equal(t, nvml.SUCCESS, ret)
-				if activation == nvml.ERROR_RESET_REQUIRED {
-					require.NoError(t, node.ResetGPU(context.Background(), 0))
-				}
-				dev, _ = node.DeviceGetHandleByIndex(0)
+				dev := testutil.EnableMIG(t, node, 0)
 				info := p.Info
 				gi, ret := dev.CreateGpuInstanceWithPlacement(&info, &p.Placements[0])
 				require.Equal(t, nvml.SUCCESS, ret)
@@ -150,18 +144,6 @@ func hex8(v uint32) string {
 		v >>= 4
 	}
 	return string(b)
-}
-
-func enable(t *testing.T, node *sim.Node, i int) nvml.Device {
-	t.Helper()
-	dev, _ := node.DeviceGetHandleByIndex(i)
-	activation, ret := dev.SetMigMode(nvml.DEVICE_MIG_ENABLE)
-	require.Equal(t, nvml.SUCCESS, ret)
-	if activation == nvml.ERROR_RESET_REQUIRED {
-		require.NoError(t, node.ResetGPU(context.Background(), i))
-	}
-	dev, _ = node.DeviceGetHandleByIndex(i)
-	return dev
 }
 
 func TestAmpereModeIsPendingUntilReset(t *testing.T) {
@@ -283,7 +265,7 @@ func TestMinorsMayChangeOnReset(t *testing.T) {
 func TestPlacementRules(t *testing.T) {
 	node := sim.New(testutil.Model(t, "h100-80gb"), 1)
 	require.Equal(t, nvml.SUCCESS, node.Init())
-	dev := enable(t, node, 0)
+	dev := testutil.EnableMIG(t, node, 0)
 
 	p1, _ := dev.GetGpuInstanceProfileInfo(nvml.GPU_INSTANCE_PROFILE_1_SLICE)
 	p4, _ := dev.GetGpuInstanceProfileInfo(nvml.GPU_INSTANCE_PROFILE_4_SLICE)
