@@ -236,6 +236,9 @@ func (d *Device) GetGpuInstanceProfileInfo(idx int) (nvml.GpuInstanceProfileInfo
 		return nvml.GpuInstanceProfileInfo{}, ret
 	}
 
+	// The last index go-nvml v0.13.4-1 knows (17, 3_SLICE_GFX) is past what driver 580 knows:
+	// the real H200 answers INVALID_ARGUMENT there, ending the enumeration nvml.h describes
+	// (fixtures/h200-mig.json, nvmlProfilesInvalidArgument); NOT_SUPPORTED below it.
 	if idx < 0 || idx >= nvml.GPU_INSTANCE_PROFILE_COUNT-1 {
 		return nvml.GpuInstanceProfileInfo{}, nvml.ERROR_INVALID_ARGUMENT
 	}

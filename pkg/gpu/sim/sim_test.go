@@ -90,7 +90,8 @@ type fixture struct {
 		SMs         uint32     `json:"multiprocessors"`
 		Placements  [][]uint32 `json:"placements"`
 	} `json:"gpuInstanceProfiles"`
-	NotSupported []int `json:"nvmlProfilesNotSupported"`
+	NotSupported    []int `json:"nvmlProfilesNotSupported"`
+	InvalidArgument []int `json:"nvmlProfilesInvalidArgument"`
 }
 
 // TestH200MatchesFixture checks the H200 table against what a real H200 said,
@@ -133,6 +134,14 @@ func TestH200MatchesFixture(t *testing.T) {
 	for _, idx := range f.NotSupported {
 		_, ret := dev.GetGpuInstanceProfileInfo(idx)
 		assert.Equal(t, nvml.ERROR_NOT_SUPPORTED, ret, "profile %d", idx)
+	}
+
+	// Where the real H200's enumeration ends (nvml.h: "until the API returns
+	// NVML_ERROR_INVALID_ARGUMENT"), and past go-nvml's count.
+	require.NotEmpty(t, f.InvalidArgument)
+	for _, idx := range append(f.InvalidArgument, nvml.GPU_INSTANCE_PROFILE_COUNT) {
+		_, ret := dev.GetGpuInstanceProfileInfo(idx)
+		assert.Equal(t, nvml.ERROR_INVALID_ARGUMENT, ret, "profile %d", idx)
 	}
 }
 
