@@ -48,7 +48,11 @@ type rig struct {
 }
 
 func newRig(t testing.TB, model string, gpus int) *rig {
-	node := sim.New(testutil.Model(t, model), gpus)
+	return rigOn(t, sim.New(testutil.Model(t, model), gpus), gpus)
+}
+
+// rigOn is a rig on a node made by the caller (several models, for one).
+func rigOn(t testing.TB, node *sim.Node, gpus int) *rig {
 	require.Equal(t, nvml.SUCCESS, node.Init())
 
 	r := &rig{node: node, pd: &fakePersistenced{node: node, gpus: gpus}}
@@ -138,6 +142,42 @@ func TestGPUOperatorDefaultLayouts(t *testing.T) {
 			assert.Equal(t, layouts, applicable)
 		})
 	}
+}
+
+// TestGPUOperatorDefaultOnAMixedNode: on a node of an A100-80GB, an H100 and an H200, the
+// default file's all-balanced (op-all-balanced), one entry per device-filter, gives each GPU
+// the entry of its own PCI id, as mig-parted walks entries (cmd/nvidia-mig-parted/assert,
+// WalkSelectedMigConfigForEachGPU); all-1g.35gb selects the H200 alone and leaves the others.
+func TestGPUOperatorDefaultOnAMixedNode(t *testing.T) {
+	cfg := loadDefault(t)
+	r := rigOn(t, sim.NewNode(testutil.Model(t, "a100-80gb"), testutil.Model(t, "h100-80gb"), testutil.Model(t, "h200")), 3)
+
+	statuses, err := r.applier.Apply(context.Background(), cfg, "op-all-balanced")
+	require.NoError(t, err)
+	require.Len(t, statuses, 3)
+
+	for i, want := range []string{
+		"MIG on: 2g.20gb@0[2g.20gb] 1g.10gb@2[1g.10gb] 1g.10gb@3[1g.10gb] 3g.40gb@4[3g.40gb]",
+		"MIG on: 2g.20gb@0[2g.20gb] 1g.10gb@2[1g.10gb] 1g.10gb@3[1g.10gb] 3g.40gb@4[3g.40gb]",
+		"MIG on: 2g.35gb@0[2g.35gb] 1g.18gb@2[1g.18gb] 1g.18gb@3[1g.18gb] 3g.71gb@4[3g.71gb]",
+	} {
+		require.Equal(t, mig.ResultSuccess, statuses[i].Result, "GPU %d: %s", i, statuses[i].Message)
+		st, _ := r.state(t, i)
+		assert.Equal(t, want, st.String(), "GPU %d", i)
+	}
+
+	statuses, err = r.applier.Apply(context.Background(), cfg, "all-1g.35gb")
+	require.NoError(t, err)
+
+	for i, want := range []string{"not selected by the layout; left as it is", "not selected by the layout; left as it is", ""} {
+		require.Equal(t, mig.ResultSuccess, statuses[i].Result, "GPU %d: %s", i, statuses[i].Message)
+		if want != "" {
+			assert.Equal(t, want, statuses[i].Message, "GPU %d", i)
+		}
+	}
+
+	st, _ := r.state(t, 2)
+	assert.Equal(t, "MIG on: 1g.35gb@0[1g.35gb] 1g.35gb@2[1g.35gb] 1g.35gb@4[1g.35gb] 1g.35gb@6[1g.35gb]", st.String())
 }
 
 const custom = `version: v1
