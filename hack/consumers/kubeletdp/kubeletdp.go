@@ -103,8 +103,10 @@ func Serve(ctx context.Context, dir string, n int) (*Report, error) {
 	reg := &registration{got: make(chan *pluginapi.RegisterRequest, 1)}
 	pluginapi.RegisterRegistrationServer(srv, reg)
 
-	go srv.Serve(l) //nolint:errcheck // ends with srv.Stop
-	defer srv.Stop()
+	go srv.Serve(l) //nolint:errcheck // ends with srv.GracefulStop
+	// Graceful: Register hands the request over before it answers, and the plugin's side may
+	// be done before that answer is written; Stop would cut it off (the plugin sees EOF).
+	defer srv.GracefulStop()
 
 	var req *pluginapi.RegisterRequest
 
