@@ -78,10 +78,15 @@ func startPlugin(t *testing.T, dir, version string) *plugin {
 	require.NoError(t, err)
 	t.Cleanup(func() { conn.Close() }) //nolint:errcheck
 
-	_, err = pluginapi.NewRegistrationClient(conn).Register(context.Background(), &pluginapi.RegisterRequest{
+	// The socket file exists from bind(), a moment before listen(): wait for the connection
+	// rather than fail on a refusal in between.
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+
+	_, err = pluginapi.NewRegistrationClient(conn).Register(ctx, &pluginapi.RegisterRequest{
 		Version: version, Endpoint: "fake.sock", ResourceName: "nvidia.com/gpu",
 		Options: &pluginapi.DevicePluginOptions{},
-	})
+	}, grpc.WaitForReady(true))
 	if version == pluginapi.Version {
 		require.NoError(t, err)
 	} else {
