@@ -309,6 +309,8 @@ func TestFabricManagerOnNVSwitchBoard(t *testing.T) {
 		time.Sleep(10 * time.Millisecond)
 	}
 
+	// The new process shows in /proc a moment before the fake has recorded its start.
+	assert.Eventually(t, func() bool { return b.starts(t) == 2 }, 5*time.Second, 10*time.Millisecond, "two starts of the fabric manager")
 	assert.Equal(t, 2, b.starts(t))
 	assert.Contains(t, run.logs.String(), "daemon died; restarting")
 
