@@ -102,18 +102,26 @@ type Applier struct {
 	ProcRoot string
 }
 
+// LayoutError is a layout that cannot be planned for the node's GPUs, or a layouts file
+// that cannot be read: nothing was changed, and trying again cannot help.
+type LayoutError struct{ Err error }
+
+func (e *LayoutError) Error() string { return e.Err.Error() }
+func (e *LayoutError) Unwrap() error { return e.Err }
+
 // Apply plans the layout for every GPU (nothing changes if any GPU cannot
 // take it) and applies it GPU by GPU. It returns one status per GPU; the
-// error is set only when planning failed.
+// error is set only when nothing was changed: a *LayoutError when planning
+// failed, another error when NVML could not be read (that may pass).
 func (a *Applier) Apply(ctx context.Context, cfg *Config, layout string) ([]Status, error) {
 	gpus, err := ReadGPUs(a.NVML)
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("reading the GPUs' MIG state: %w", err)
 	}
 
 	plan, err := PlanLayout(cfg, layout, gpus)
 	if err != nil {
-		return nil, err
+		return nil, &LayoutError{Err: err}
 	}
 
 	return a.ApplyPlan(ctx, plan), nil

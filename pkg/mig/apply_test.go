@@ -4,6 +4,7 @@ import (
 	"github.com/talos-nvidia/nvidia-driver/internal/testutil"
 
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -250,8 +251,18 @@ func TestCustomLayoutsOnH100(t *testing.T) {
 	require.EqualError(t, err, `layout "too-much" does not fit: layout "too-much", entry 0: GPU 0 (NVIDIA H100 80GB HBM3): needs 8 compute slices, the GPU has 7`)
 	assert.Equal(t, 0, r.node.MutatingCalls())
 
+	var layoutErr *mig.LayoutError
+	assert.ErrorAs(t, err, &layoutErr, "a layout that does not fit is final")
+
 	_, err = r.applier.Apply(context.Background(), cfg, "nope")
 	require.ErrorContains(t, err, `no layout "nope" (layouts: all-1g, all-balanced,`)
+	assert.ErrorAs(t, err, &layoutErr)
+
+	// NVML that cannot be read is no layout error: it may pass, and the service tries again.
+	r.node.InjectFault(sim.Fault{Method: "Device.GetMigMode", GPU: 0, Ret: nvml.ERROR_UNKNOWN})
+	_, err = r.applier.Apply(context.Background(), cfg, "all-balanced")
+	require.ErrorContains(t, err, "reading the GPUs' MIG state")
+	assert.False(t, errors.As(err, &layoutErr), "%v", err)
 }
 
 func TestUnknownProfileNamesWhatTheGPUHas(t *testing.T) {

@@ -345,7 +345,7 @@ func (r *Runner) applyMIG(ctx context.Context) error {
 		r.report(PhaseStarting, fmt.Sprintf("changing the GPUs to MIG layout %q; readiness withdrawn meanwhile", r.cfg.MIGLayout))
 	})
 
-	var layoutErr *nvmljobs.LayoutError
+	var layoutErr *mig.LayoutError
 	if errors.As(err, &layoutErr) {
 		// Planning failed: nothing was changed, and trying again cannot help.
 		return permanent(fmt.Errorf("MIG layout %q: %w", r.cfg.MIGLayout, err))

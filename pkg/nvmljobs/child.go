@@ -18,6 +18,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/talos-nvidia/nvidia-driver/pkg/gpu"
+	"github.com/talos-nvidia/nvidia-driver/pkg/mig"
 )
 
 // Job names, as the request carries them.
@@ -51,7 +52,7 @@ type response struct {
 	Fabric []gpu.FabricState `json:"fabric,omitempty"`
 	MIG    *MIGResult        `json:"mig,omitempty"`
 	Error  string            `json:"error,omitempty"`
-	// Kind says which of the errors the caller acts on it is: "layout" (a *LayoutError),
+	// Kind says which of the errors the caller acts on it is: "layout" (a *mig.LayoutError),
 	// "no-gpu" (ErrNoGPU), or "" for any other.
 	Kind string `json:"kind,omitempty"`
 }
@@ -190,7 +191,7 @@ func (r response) err() error {
 	case r.Error == "":
 		return nil
 	case r.Kind == "layout":
-		return &LayoutError{Err: errors.New(r.Error)}
+		return &mig.LayoutError{Err: errors.New(r.Error)}
 	case r.Kind == "no-gpu":
 		return ErrNoGPU
 	default:
@@ -272,7 +273,7 @@ func Serve(ctx context.Context, in io.Reader, out, logTo io.Writer, newLocal fun
 	if err != nil {
 		resp.Error = err.Error()
 
-		var layoutErr *LayoutError
+		var layoutErr *mig.LayoutError
 
 		switch {
 		case errors.As(err, &layoutErr):

@@ -249,7 +249,7 @@ func TestChildThatDiesDuringMIGChange(t *testing.T) {
 	assert.Equal(t, 1, changing)
 	assert.Contains(t, err.Error(), "NVML job apply-mig: the child process gave no answer: signal: killed")
 
-	var layoutErr *nvmljobs.LayoutError
+	var layoutErr *mig.LayoutError
 	assert.False(t, errors.As(err, &layoutErr), "a dead child is not a layout that cannot work")
 	assert.Empty(t, res.GPUs)
 }
@@ -314,7 +314,7 @@ func TestChildLayoutErrorIsKnown(t *testing.T) {
 
 	_, err := c.ApplyMIG(context.Background(), nvmljobs.MIGRequest{ConfigFile: "/nonexistent", Layout: "no-such-layout"}, func() { called = true })
 
-	var layoutErr *nvmljobs.LayoutError
+	var layoutErr *mig.LayoutError
 	require.ErrorAs(t, err, &layoutErr)
 	assert.Contains(t, err.Error(), "no-such-layout")
 	assert.False(t, called)
@@ -327,7 +327,7 @@ func TestChildReadErrorIsRetried(t *testing.T) {
 
 	_, err := c.ApplyMIG(context.Background(), nvmljobs.MIGRequest{ConfigFile: "/nonexistent", Layout: mig.LayoutAll1g}, nil)
 
-	var layoutErr *nvmljobs.LayoutError
+	var layoutErr *mig.LayoutError
 	require.Error(t, err)
 	assert.False(t, errors.As(err, &layoutErr), "a read error is retried, not taken for a bad layout: %v", err)
 	assert.Contains(t, err.Error(), "reading the GPUs' MIG state")

@@ -12,7 +12,6 @@ package nvmljobs
 import (
 	"context"
 	"errors"
-	"fmt"
 	"log/slog"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
@@ -32,7 +31,7 @@ type Jobs interface {
 	FabricStates(ctx context.Context) ([]gpu.FabricState, error)
 	// ApplyMIG applies a MIG layout. changing runs once, when the job is about to change the
 	// first GPU, after it withdrew the readiness files (in a Child, when the child's word of
-	// it arrives: the change may have begun). A *LayoutError means nothing was changed and
+	// it arrives: the change may have begun). A *mig.LayoutError means nothing was changed and
 	// trying again cannot help.
 	ApplyMIG(ctx context.Context, req MIGRequest, changing func()) (MIGResult, error)
 	// WriteCDI writes the node's CDI spec, atomically, when its content changed.
@@ -41,13 +40,6 @@ type Jobs interface {
 
 // ErrNoGPU says that NVML sees no GPU.
 var ErrNoGPU = errors.New("NVML sees no GPU")
-
-// LayoutError is a MIG layout that cannot be planned for the node's GPUs (or a layouts
-// file that cannot be read): nothing was changed.
-type LayoutError struct{ Err error }
-
-func (e *LayoutError) Error() string { return e.Err.Error() }
-func (e *LayoutError) Unwrap() error { return e.Err }
 
 // MIGRequest says which layout to apply and where the node's files are.
 type MIGRequest struct {
@@ -133,7 +125,7 @@ func (l *Local) ApplyMIG(ctx context.Context, req MIGRequest, changing func()) (
 
 	cfg, err := mig.LoadFile(req.ConfigFile)
 	if err != nil {
-		return res, &LayoutError{Err: err}
+		return res, &mig.LayoutError{Err: err}
 	}
 
 	applier := &mig.Applier{
@@ -169,21 +161,11 @@ func (l *Local) ApplyMIG(ctx context.Context, req MIGRequest, changing func()) (
 	}
 
 	err = l.withNVML(func() error {
-		// An NVML error while reading the GPUs may pass (the service tries again); a layout
-		// that does not fit them will not.
-		gpus, err := mig.ReadGPUs(l.NVML)
-		if err != nil {
-			return fmt.Errorf("reading the GPUs' MIG state: %w", err)
-		}
+		var err error
 
-		plan, err := mig.PlanLayout(cfg, req.Layout, gpus)
-		if err != nil {
-			return &LayoutError{Err: err}
-		}
+		res.GPUs, err = applier.Apply(ctx, cfg, req.Layout)
 
-		res.GPUs = applier.ApplyPlan(ctx, plan)
-
-		return nil
+		return err
 	})
 
 	return res, err
