@@ -154,14 +154,19 @@ for i in range(phnum):
 open(dst, "wb").write(elf)
 PY
 chmod 755 "$W/nvidia-driver"
+# wait_phase PID PHASES TENTHS: until the status file shows one of PHASES (a \| list), PID is
+# gone, or TENTHS tenths of a second have passed.
+wait_phase() {
+  for _ in $(seq "$3"); do
+    grep -q "\"phase\": \"\($2\)\"" /run/nvidia-driver/status.json 2>/dev/null && return
+    kill -0 "$1" 2>/dev/null || return
+    sleep 0.1
+  done
+}
 service_start() {
   ( export LD_LIBRARY_PATH="$C/lib/x86_64-linux-gnu"; exec "$W/nvidia-driver" run 2>"$1" ) &
   spid=$!
-  for _ in $(seq 3000); do
-    grep -q '"phase": "\(ready\|degraded\)"' /run/nvidia-driver/status.json 2>/dev/null && break
-    kill -0 $spid 2>/dev/null || break
-    sleep 0.1
-  done
+  wait_phase $spid 'ready\|degraded' 3000
 }
 # On a node the service's files lie on a read-only squashfs; here they were just copied or
 # built, and the kernel does not page out dirty page-cache pages: write them back first, or
@@ -327,11 +332,7 @@ for B in ${E2E_BASELINE_CONTAINERS:-${E2E_BASELINE_CONTAINER:-}}; do
   ( exec env -u NVIDIA_DRIVER_FABRIC_MANAGER -u NVIDIA_DRIVER_NFD_FEATURES_DIR -u LD_LIBRARY_PATH NVIDIA_DRIVER_SUBROOT="$bsub" \
       "$B/lib64/ld-linux-x86-64.so.2" --library-path "$B/lib/x86_64-linux-gnu" "$B/usr/bin/nvidia-driver" run 2>"$W/baseline.log" ) &
   bpid=$!
-  for _ in $(seq 600); do
-    grep -q '"phase": "\(ready\|failed\)"' /run/nvidia-driver/status.json 2>/dev/null && break
-    kill -0 $bpid 2>/dev/null || break
-    sleep 0.1
-  done
+  wait_phase $bpid 'ready\|failed' 600
   bready=$(( ($(date +%s%N) - bstart) / 1000000 ))
   sleep 1
   bidle=$(awk '/VmRSS/{print $2}' /proc/$bpid/status 2>/dev/null)
