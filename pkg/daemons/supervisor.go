@@ -73,10 +73,11 @@ type Options struct {
 	// after RestartDelay only, and the backoff starts again (30 s).
 	StableAfter time.Duration
 	// RestartDelay is the least wait before a daemon that died is started
-	// again (500 ms). Talos stops a service by signalling every process of its
-	// container at once (runner/containerd: task.Kill with WithKillAll), so
-	// the daemon may die a moment before the service's own SIGTERM ends ctx;
-	// within this wait the stop is seen, and nothing is restarted.
+	// again (500 ms). A stop can reach the daemon a moment before the
+	// service's own SIGTERM ends ctx (Talos's task.Kill WithKillAll signals the
+	// container's init alone with runc 1.2 and later, as Talos v1.13 ships, but
+	// every process with runc 1.1, and a user's kill may too); within this wait
+	// the stop is seen, and nothing is restarted.
 	RestartDelay time.Duration
 	// StopGrace is how long a daemon gets between SIGTERM and SIGKILL (5 s, so
 	// that SIGKILL and clean-up fit in Talos's 10 s stop budget).

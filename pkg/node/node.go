@@ -497,20 +497,13 @@ func (r *Runner) readiness() readinessSummary {
 	return sum
 }
 
-// hostProc is where the host's processes show: the host's /proc mounted at /host/proc (the
-// service's own /proc shows only its PID namespace), else /proc.
+// hostProc is where the service looks for the processes that hold a GPU open: its own /proc,
+// which shows only its PID namespace (Talos gives each extension service one). The host's
+// /proc is not mounted: through /proc/<pid>/root it would give write access to the whole
+// host, machine config and secrets included. NVML still names compute processes, and still
+// refuses a MIG mode change while anything holds the GPU (activationStatus IN_USE).
 func (r *Runner) hostProc() string {
-	if p := r.cfg.Host("/host/proc"); dirExists(p) {
-		return p
-	}
-
 	return r.cfg.Host("/proc")
-}
-
-func dirExists(p string) bool {
-	st, err := os.Stat(p)
-
-	return err == nil && st.IsDir()
 }
 
 // migState sums up the GPUs' MIG results for the node label: failed wins over
