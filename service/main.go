@@ -32,6 +32,8 @@ const usage = `nvidia-driver: prepares a Talos node's NVIDIA GPUs.
 
 Usage:
   nvidia-driver [run]            bring the node up and hold it (the extension service)
+  nvidia-driver fabric-manager   run nv-fabricmanager on NVSwitch boards (the
+                                 ext-nvidia-fabricmanager service); idle elsewhere
   nvidia-driver check-root [DIR] check a glibc subroot (default: the configured one)
   nvidia-driver cdi generate [--output FILE] [flags]
                                  generate the node's CDI spec (--help for the flags)
@@ -58,6 +60,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 	switch cmd {
 	case "run":
 		return runService(stderr)
+	case fabricManagerCommand:
+		return runFabricManager(stderr)
 	case "check-root":
 		return checkRoot(args, stdout, stderr)
 	case "cdi":

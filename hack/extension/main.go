@@ -42,6 +42,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	kind := fs.String("module-kind", "", "open or proprietary (required with -modules)")
 	fs.StringVar(&o.Firmware, "firmware", "", "directory of NVIDIA's firmware files")
 	fs.StringVar(&o.ServiceSpec, "service-spec", "extension/nvidia-driver.yaml", "the service's YAML")
+	fs.StringVar(&o.FabricManagerSpec, "fabricmanager-spec", "extension/nvidia-fabricmanager.yaml", "the fabric manager service's YAML")
 	fs.StringVar(&o.Overlay, "overlay", "extension/rootfs", "files laid over rootfs/")
 	ref := fs.String("image-ref", "", "tag written into the image archive (default: talos-nvidia/<name>:<version>)")
 	noImage := fs.Bool("no-image", false, "assemble and validate only")
@@ -81,7 +82,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	}
 
 	if o.Description == "" {
-		o.Description = "NVIDIA driver root, device nodes, nvidia-persistenced, MIG and CDI for Talos (ext-nvidia-driver)"
+		o.Description = "NVIDIA driver root, device nodes, nvidia-persistenced, MIG and CDI for Talos (ext-nvidia-driver), and nv-fabricmanager on NVSwitch boards (ext-nvidia-fabricmanager)"
 		if o.Modules == "" {
 			o.Description = "DEVELOPMENT BUILD, not a release: no kernel modules, userspace from " + o.Payload + ". " + o.Description
 		}

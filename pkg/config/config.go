@@ -52,10 +52,10 @@ type Config struct {
 	UVMPersistenceMode  bool
 	PersistencedVerbose bool
 
-	// FabricManager runs nv-fabricmanager on NVSwitch boards; FabricWait bounds the wait
-	// for the GPUs' NVLink fabric registration there.
-	FabricManager bool
-	FabricWait    time.Duration
+	// FabricWait bounds the wait for the GPUs' NVLink fabric registration on NVSwitch
+	// boards (the ext-nvidia-fabricmanager service runs the fabric manager), and one start
+	// of nv-fabricmanager there.
+	FabricWait time.Duration
 
 	CDI     bool
 	CDISpec string // a host path
@@ -103,7 +103,6 @@ func settings() []setting {
 		{"persistenceMode", "PERSISTENCE_MODE", "true", "nvidia-persistenced --persistence-mode", boolean(func(c *Config) *bool { return &c.PersistenceMode })},
 		{"uvmPersistenceMode", "UVM_PERSISTENCE_MODE", "false", "nvidia-persistenced --uvm-persistence-mode", boolean(func(c *Config) *bool { return &c.UVMPersistenceMode })},
 		{"persistencedVerbose", "PERSISTENCED_VERBOSE", "false", "nvidia-persistenced --verbose", boolean(func(c *Config) *bool { return &c.PersistencedVerbose })},
-		{"fabricManager", "FABRIC_MANAGER", "true", "run nv-fabricmanager on NVSwitch boards", boolean(func(c *Config) *bool { return &c.FabricManager })},
 		// NVIDIA's nvidia-fabricmanager.service gives the daemon TimeoutStartSec=240.
 		{"fabricWait", "FABRIC_WAIT", "4m", "how long to wait for the GPUs' NVLink fabric registration on NVSwitch boards", duration(func(c *Config) *time.Duration { return &c.FabricWait })},
 		{"cdi", "CDI", "true", "generate a CDI spec", boolean(func(c *Config) *bool { return &c.CDI })},
