@@ -48,6 +48,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	noImage := fs.Bool("no-image", false, "assemble and validate only")
 	validate := fs.String("validate", "", "only validate this extension directory (manifest.yaml + rootfs/); with -module-kind also its subroot and kernel modules")
 	driverVersion := fs.String("driver-version", "", "with -validate and -module-kind: the driver version every nvidia*.ko must declare")
+	kernelVersion := fs.String("kernel-version", "", "with -validate: the release's kernel; the image must be that one release's (version suffix, modules of that kernel only)")
 
 	if err := fs.Parse(args); err != nil {
 		return 2
@@ -60,6 +61,14 @@ func run(args []string, stdout, stderr io.Writer) int {
 			fmt.Fprintln(stderr, "extension:", err)
 
 			return 1
+		}
+
+		if *kernelVersion != "" {
+			if err := extension.CheckRelease(*validate, o.TalosVersion, *kernelVersion); err != nil {
+				fmt.Fprintln(stderr, "extension:", err)
+
+				return 1
+			}
 		}
 
 		fmt.Fprintf(stdout, "%s: valid for Talos %s\n", *validate, o.TalosVersion)
