@@ -7,9 +7,10 @@ E2E_TORCH='import torch; ok = torch.cuda.is_available(); print("cuda", ok); a = 
 
 # e2e_rootfs makes $W/rootfs: a non-recursive bind of the host's / (it leaves out the
 # driver's own mount and this namespace's overlays) under a tmpfs-backed overlay for writes.
+# Under the runtime harness, whose / is a Talos-shaped root, the host's / is HARNESS_HOST_ROOT.
 e2e_rootfs() {
   mkdir -p "$W/lower" "$W/cup" "$W/cwork" "$W/rootfs"
-  mount --bind / "$W/lower"
+  mount --bind "${HARNESS_HOST_ROOT:-/}" "$W/lower"
   mount -t overlay e2e-rootfs -o "lowerdir=$W/lower,upperdir=$W/cup,workdir=$W/cwork" "$W/rootfs"
   [ -e "$W/rootfs/usr/local/nvidia/lib64/libcuda.so.1" ] && echo "  WARNING: the driver is visible in the container rootfs"
   return 0

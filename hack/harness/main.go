@@ -1,6 +1,8 @@
 // Command harness runs the assembled extension's service the way Talos runs it (see
-// internal/harness), with Debian's runc, in a private mount namespace, and prints what the
-// host side saw. It changes nothing on the machine.
+// internal/harness), with the runc it is given (-runc: Talos v1.13 ships runc 1.4), in a
+// private mount namespace, and prints what the host side saw. It changes nothing on the
+// machine. It exits 3 when the result is not what it waited for (a phase not in -until, an
+// -after-ready command that failed or never ran), 1 when it could not run.
 //
 //	go run ./hack/harness [-extension DIR] [-env K=V ...] [-config MOUNTPATH=FILE ...]
 //	                      [-document-after 2s] [-then restart|change|remove] [-then-env K=V ...]
@@ -8,7 +10,7 @@
 //	                      [-until waiting,ready,failed] [-wait 60s] [-hold 3s] [-json]
 //
 // -env and -config make the service's ExtensionServiceConfig; without either the node has
-// none, and Talos keeps the service waiting for it.
+// none, and the service runs with its defaults.
 //
 // On a GPU host, build the payload from the host's driver first:
 //
@@ -25,6 +27,7 @@ import (
 	"io"
 	"os"
 	"os/exec"
+	"slices"
 	"sort"
 	"strings"
 	"time"
@@ -60,6 +63,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	then := fs.String("then", "", "once -until and -hold are over: restart (stop and start the service), change (apply -then-env as a change of the document) or remove (delete the document); then wait for -until again and stop")
 	fs.Var(&thenEnv, "then-env", "environment of the changed document for -then change (repeatable)")
 	fs.Var(&overrides, "override", "bind LOCALFILE over NODEPATH once the extension is laid: NODEPATH=LOCALFILE (repeatable)")
+	changes := fs.Int("changes", 0, "with -after-ready: run it in the background and change the document this many times meanwhile (a restart by Talos each)")
 	runc := fs.String("runc", "runc", "runc binary")
 	asJSON := fs.Bool("json", false, "print the result as JSON")
 
@@ -112,7 +116,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 
 	res, err := harness.Run(harness.Options{
 		Extension: *ext, Document: doc, DocumentAfter: *docAfter, Until: strings.Split(*until, ","),
-		Wait: *wait, Hold: *hold, Then: *then, ThenDocument: &harness.Document{Environment: thenEnv}, Overrides: over, AfterReady: *afterReady,
+		Wait: *wait, Hold: *hold, Then: *then, ThenDocument: &harness.Document{Environment: thenEnv}, Overrides: over, AfterReady: *afterReady, Changes: *changes,
 		Work: os.Getenv(envInside), Runc: runcPath, Log: stderr,
 	})
 	if err != nil {
@@ -125,13 +129,53 @@ func run(args []string, stdout, stderr io.Writer) int {
 		if err := json.NewEncoder(stdout).Encode(res); err != nil {
 			return 1
 		}
-
-		return 0
+	} else {
+		printSummary(stdout, res)
 	}
 
-	printSummary(stdout, res)
+	if problems := checkResult(res, strings.Split(*until, ","), *afterReady != ""); len(problems) > 0 {
+		for _, p := range problems {
+			fmt.Fprintln(stderr, "harness: FAIL:", p)
+		}
+
+		return exitCheckFailed
+	}
 
 	return 0
+}
+
+// exitCheckFailed is the exit code of a run whose result is not what it waited for; the
+// result is printed all the same.
+const exitCheckFailed = 3
+
+// checkResult lists what makes a run fail: a phase it did not wait for, an -after-ready
+// command that failed or never ran, a change of the document after which the service did not
+// come back to a phase waited for.
+func checkResult(res harness.Result, until []string, afterReady bool) []string {
+	var out []string
+
+	if !slices.Contains(until, res.Phase) {
+		out = append(out, fmt.Sprintf("the service's phase is %q, not one of %v (%s)", res.Phase, until, res.Message))
+	}
+
+	switch {
+	case afterReady && res.AfterReadyExit == nil:
+		out = append(out, "the -after-ready command did not run: the service never got ready")
+	case afterReady && *res.AfterReadyExit != 0:
+		out = append(out, fmt.Sprintf("the -after-ready command exited %d", *res.AfterReadyExit))
+	}
+
+	for i, p := range res.ChangePhases {
+		if !slices.Contains(until, p) {
+			out = append(out, fmt.Sprintf("after change %d of the document the phase is %q", i+1, p))
+		}
+	}
+
+	if res.Second != nil && !slices.Contains(until, res.Second.Phase) && res.Second.Phase != "" {
+		out = append(out, fmt.Sprintf("after -then the phase is %q", res.Second.Phase))
+	}
+
+	return out
 }
 
 // pairs splits each K=V value of a repeatable flag.

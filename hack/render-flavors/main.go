@@ -81,13 +81,14 @@ func render(log *slog.Logger, root, out, dir string, stdout io.Writer) error {
 			res, err := extension.Assemble(log, extension.Options{
 				Name: m.Metadata.Name, Version: m.Metadata.Version, TalosVersion: r.Talos,
 				TalosConstraint: m.Metadata.Compatibility.Talos.Version, Author: m.Metadata.Author, Description: m.Metadata.Description,
-				Payload:       filepath.Join(out, "subroot-debian"),
-				ServiceRootfs: filepath.Join(out, "containers", extension.ServiceName),
-				ServiceSpec:   filepath.Join(root, "extension", extension.ServiceName+".yaml"),
-				Hook:          filepath.Join(out, "bin", "nvidia-cdi-hook"),
-				Ldconfig:      filepath.Join(out, "bin", "ldconfig"),
-				Overlay:       filepath.Join(root, "extension", "rootfs"),
-				OutDir:        filepath.Join(dir, r.Talos),
+				Payload:           filepath.Join(out, "subroot-debian"),
+				ServiceRootfs:     filepath.Join(out, "containers", extension.ServiceName),
+				ServiceSpec:       filepath.Join(root, "extension", extension.ServiceName+".yaml"),
+				FabricManagerSpec: filepath.Join(root, "extension", extension.FabricManagerServiceName+".yaml"),
+				Hook:              filepath.Join(out, "bin", "nvidia-cdi-hook"),
+				Ldconfig:          filepath.Join(out, "bin", "ldconfig"),
+				Overlay:           filepath.Join(root, "extension", "rootfs"),
+				OutDir:            filepath.Join(dir, r.Talos),
 			})
 			if err != nil {
 				return fmt.Errorf("%s %s: %w", r.Talos, f.Name, err)

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -50,6 +51,10 @@ type Options struct {
 	// AfterReady, when set, is a shell command run on the host side while the service is
 	// ready (e.g. hack/e2e-workload.sh: a CUDA container through the service's CDI spec).
 	AfterReady string
+	// Changes, with AfterReady, runs AfterReady in the background and meanwhile changes the
+	// document this many times (its NVIDIA_DRIVER_LOG_LEVEL toggled between debug and info),
+	// each change a restart by Talos, waiting for Until after each; then AfterReady's end.
+	Changes int
 }
 
 // Result is what the host side saw.
@@ -75,6 +80,10 @@ type Result struct {
 	CapabilityCount  int            `json:"capabilities"`
 	RootfsPropagates string         `json:"rootfsPropagation"`
 	AfterReadyExit   *int           `json:"afterReadyExit,omitempty"`
+	// ChangePhases is the phase reached after each of Options.Changes, and DriverRootMounts
+	// the mounts at the driver root after the last (1: reused, never stacked).
+	ChangePhases     []string `json:"changePhases,omitempty"`
+	DriverRootMounts int      `json:"driverRootMounts,omitempty"`
 
 	// Up says whether Talos would count the service Up, as the boot's StartAllServices waits
 	// for: a container of it was started (an extension service has no health check).
@@ -253,20 +262,13 @@ func Run(o Options) (Result, error) {
 	res.ContainerRun = node.containerRun()
 
 	if o.AfterReady != "" && res.Phase == "ready" {
-		cmd := exec.Command("bash", "-c", o.AfterReady)
-		cmd.Stdout, cmd.Stderr = o.Log, o.Log
-
-		code := 0
-		if err := cmd.Run(); err != nil {
-			code = -1
-
-			var ee *exec.ExitError
-			if errors.As(err, &ee) {
-				code = ee.ExitCode()
-			}
+		code, phases, err := afterReady(node, h, o)
+		if err != nil {
+			return res, err
 		}
 
-		res.AfterReadyExit = &code
+		res.AfterReadyExit, res.ChangePhases = &code, phases
+		res.DriverRootMounts = mountCount(h.path(driverMount))
 	}
 
 	res.DriverRoot = mountState(h.path(driverMount))
@@ -321,6 +323,53 @@ func Run(o Options) (Result, error) {
 	res.WaitingLogLines = strings.Count(res.Log, "phase=waiting")
 
 	return res, nil
+}
+
+// afterReady runs o.AfterReady; with o.Changes, in the background while the document is
+// changed that many times. It returns the command's exit code and the phase after each change.
+func afterReady(node *talosNode, h hostView, o Options) (int, []string, error) {
+	cmd := exec.Command("bash", "-c", o.AfterReady)
+	cmd.Stdout, cmd.Stderr = o.Log, o.Log
+	cmd.Env = append(os.Environ(), "HARNESS_HOST_ROOT="+HostRootDir(o.Work))
+
+	if err := cmd.Start(); err != nil {
+		return 0, nil, fmt.Errorf("starting %q: %w", o.AfterReady, err)
+	}
+
+	var phases []string
+
+	for i := range o.Changes {
+		doc := withLogLevel(o.Document, []string{"debug", "info"}[i%2])
+		since := time.Now()
+
+		if err := node.setDocument(doc); err != nil {
+			return 0, nil, err
+		}
+
+		phase, msg, _ := h.waitForSince(o.Until, o.Wait, since, node.runnerFailed)
+		fmt.Fprintf(o.Log, "harness: change %d of the document: phase %q (%s)\n", i+1, phase, msg)
+		phases = append(phases, phase)
+	}
+
+	return exitCode(cmd.Wait()), phases, nil
+}
+
+// withLogLevel is doc with NVIDIA_DRIVER_LOG_LEVEL set to level.
+func withLogLevel(doc *Document, level string) *Document {
+	out := &Document{Files: map[string]string{}}
+	if doc != nil {
+		maps.Copy(out.Files, doc.Files)
+
+		for _, kv := range doc.Environment {
+			if !strings.HasPrefix(kv, "NVIDIA_DRIVER_LOG_LEVEL=") {
+				out.Environment = append(out.Environment, kv)
+			}
+		}
+	}
+
+	out.Environment = append(out.Environment, "NVIDIA_DRIVER_LOG_LEVEL="+level)
+
+	return out
 }
 
 // What Options.Then can do.
@@ -391,6 +440,27 @@ func (h hostView) waitFor(until []string, wait time.Duration, failed func() bool
 	}
 
 	return phase, msg, st
+}
+
+// waitForSince is waitFor for a status written after since (the restarted service's, not
+// its predecessor's).
+func (h hostView) waitForSince(until []string, wait time.Duration, since time.Time, failed func() bool) (phase, msg string, st map[string]any) {
+	deadline := time.Now().Add(wait)
+
+	for {
+		phase, msg, st = h.waitFor(until, time.Until(deadline), failed)
+
+		updated, _ := st["updated"].(string) //nolint:errcheck // absent: not yet written
+		if t, err := time.Parse(time.RFC3339Nano, updated); err == nil && t.After(since) && contains(until, phase) {
+			return phase, msg, st
+		}
+
+		if !time.Now().Before(deadline) || failed() {
+			return phase, msg, st
+		}
+
+		time.Sleep(20 * time.Millisecond)
+	}
 }
 
 // hostRoot is the service's host root: its NVIDIA_DRIVER_HOST_ROOT, or /. A simulated node

@@ -2,6 +2,7 @@ package harness_test
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -112,7 +113,8 @@ func assembled(t *testing.T, demo bool, spec string) string {
 		res, err := extension.Assemble(slog.New(slog.NewTextHandler(io.Discard, nil)), extension.Options{
 			Name: "nvidia-driver-harness", VersionSuffix: "-dev", TalosVersion: "v1.13.5", TalosConstraint: "= v1.13.5",
 			Payload: subroot, ServiceRootfs: ctr,
-			ServiceSpec: spec, Overlay: filepath.Join(top, "extension/rootfs"),
+			ServiceSpec: spec, FabricManagerSpec: filepath.Join(top, "extension/nvidia-fabricmanager.yaml"),
+			Overlay: filepath.Join(top, "extension/rootfs"),
 			Hook: filepath.Join(out, "bin/nvidia-cdi-hook"), Ldconfig: filepath.Join(out, "bin/ldconfig"),
 			OutDir: filepath.Join(work, "out"),
 		})
@@ -137,6 +139,16 @@ func run(t *testing.T, args ...string) harness.Result {
 func runSpec(t *testing.T, spec string, args ...string) harness.Result {
 	t.Helper()
 
+	res, _ := runExit(t, spec, args...)
+
+	return res
+}
+
+// runExit is runSpec that also returns the harness's exit code (0, or 3 where the result is
+// not what it waited for).
+func runExit(t *testing.T, spec string, args ...string) (harness.Result, int) {
+	t.Helper()
+
 	demo := slices.ContainsFunc(args, func(s string) bool { return strings.HasPrefix(s, "NVIDIA_DRIVER_SIMULATE=") })
 	ext := assembled(t, demo, spec)
 	top := testutil.RepoRoot(t)
@@ -150,12 +162,21 @@ func runSpec(t *testing.T, spec string, args ...string) harness.Result {
 	cmd := exec.Command(bin, append([]string{"-json", "-extension", ext, "-runc", testutil.TalosRunc(t)}, args...)...)
 	cmd.Stderr = os.Stderr
 	out, err = cmd.Output()
-	require.NoError(t, err, "%s", out)
+
+	// Exit 3: the run's result is not what it waited for; the tests judge it themselves.
+	code := 0
+
+	var ee *exec.ExitError
+	if errors.As(err, &ee) && ee.ExitCode() == 3 {
+		code = 3
+	} else {
+		require.NoError(t, err, "%s", out)
+	}
 
 	var res harness.Result
 	require.NoError(t, json.Unmarshal(out, &res), "%s", out)
 
-	return res
+	return res, code
 }
 
 // minimal is a document with one setting.
@@ -441,4 +462,41 @@ func TestTalosCanRunTheServiceYAML(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestHarnessExitsNonZeroWhenItsCheckFails: a harness run reports PASS only by exiting 0.
+// An -after-ready command that fails, or a phase it did not wait for, exits 3.
+func TestHarnessExitsNonZeroWhenItsCheckFails(t *testing.T) {
+	ready := simulated("-env", "NVIDIA_DRIVER_PERSISTENCED=false", "-until", "ready", "-wait", "30s", "-hold", "0s")
+
+	res, code := runExit(t, "", append(ready, "-after-ready", "exit 0")...)
+	require.Equal(t, "ready", res.Phase, res.Log)
+	assert.Equal(t, 0, code, "a passing command")
+
+	res, code = runExit(t, "", append(ready, "-after-ready", "exit 7")...)
+	require.NotNil(t, res.AfterReadyExit)
+	assert.Equal(t, 7, *res.AfterReadyExit)
+	assert.Equal(t, 3, code, "a failing -after-ready command fails the harness")
+
+	if _, err := os.Stat("/proc/driver/nvidia/version"); err == nil {
+		return // a GPU host: the product build may well get ready
+	}
+
+	_, code = runExit(t, "", "-until", "ready", "-wait", "3s", "-hold", "0s")
+	assert.Equal(t, 3, code, "no GPU here: the service never gets ready, which the run waited for")
+}
+
+// TestDocumentChangesWhileAWorkloadRuns: three changes of the document, each a stop and
+// start by Talos, while a command runs on the host side (on the H200, a CUDA workload:
+// hack/e2e-restarts.sh). The service comes back ready each time and reuses its driver root.
+func TestDocumentChangesWhileAWorkloadRuns(t *testing.T) {
+	res, code := runExit(t, "", simulated("-env", "NVIDIA_DRIVER_PERSISTENCED=false", "-until", "ready", "-wait", "30s", "-hold", "0s",
+		"-changes", "3", "-after-ready", "sleep 2")...)
+
+	assert.Equal(t, 0, code, "%v\n%s", res.Events, res.Log)
+	assert.Equal(t, []string{"ready", "ready", "ready"}, res.ChangePhases, "%v", res.Events)
+	assert.Equal(t, 4, res.Starts, "%v", res.Events)
+	assert.Equal(t, 1, res.DriverRootMounts, "the driver root is reused, never stacked")
+	require.NotNil(t, res.AfterReadyExit)
+	assert.Equal(t, 0, *res.AfterReadyExit)
 }

@@ -17,8 +17,8 @@ import (
 //     there as it fails on Talos: "mkdir tmpfs: read-only file system";
 //   - /etc is read-only; /etc/kubernetes becomes writable only when cri runs (services/cri.go
 //     Volumes: constants.Overlays), see talosNode.startServices;
-//   - /system and /var are writable (tmpfs here; on a node /system is a tmpfs and /var the
-//     EPHEMERAL volume).
+//   - /system is a writable tmpfs, as on a node; /var is writable (the machine's, as a node's
+//     EPHEMERAL volume is; the service's YAML mounts nothing from it).
 //
 // The new root is a tmpfs holding a bind of each of the build machine's top-level directories
 // (so that runc, the extension and the scratch directory are where they were) and its
@@ -32,6 +32,22 @@ func talosRoot(scratch string) error {
 
 	if err := unix.Mount("tmpfs", root, "tmpfs", 0, "mode=0755"); err != nil {
 		return fmt.Errorf("mounting the node's root: %w", err)
+	}
+
+	// The machine's root itself, read-only and without its submounts, for commands that make
+	// root filesystems of it (HostRootDir); made before /tmp is bound, so that the bind comes
+	// with it.
+	hostRoot := HostRootDir(scratch)
+	if err := os.Mkdir(hostRoot, 0o755); err != nil {
+		return err
+	}
+
+	if err := unix.Mount("/", hostRoot, "", unix.MS_BIND, ""); err != nil {
+		return fmt.Errorf("binding the machine's root: %w", err)
+	}
+
+	if err := unix.Mount("", hostRoot, "", unix.MS_REMOUNT|unix.MS_BIND|unix.MS_RDONLY, ""); err != nil {
+		return fmt.Errorf("making the machine's root read-only: %w", err)
 	}
 
 	entries, err := os.ReadDir("/")
@@ -59,7 +75,7 @@ func talosRoot(scratch string) error {
 			if err := readOnlyEtc(scratch, target); err != nil {
 				return err
 			}
-		case name == "var" || name == "system":
+		case name == "system":
 			// Made below, empty.
 		default:
 			if err := bindDir("/"+name, target); err != nil {
@@ -68,7 +84,7 @@ func talosRoot(scratch string) error {
 		}
 	}
 
-	for _, d := range []string{"var", "system"} {
+	for _, d := range []string{"system"} {
 		p := filepath.Join(root, d)
 		if err := os.MkdirAll(p, 0o755); err != nil {
 			return err
@@ -106,6 +122,11 @@ func talosRoot(scratch string) error {
 
 	return nil
 }
+
+// HostRootDir is where, under the harness's scratch directory, the build machine's root is
+// bound read-only (without its submounts): the -after-ready command gets it as
+// HARNESS_HOST_ROOT, to make container root filesystems of (hack/e2e-lib.sh).
+func HostRootDir(scratch string) string { return filepath.Join(scratch, "host-root") }
 
 // bindDir binds the directory src, with its submounts, at target.
 func bindDir(src, target string) error {

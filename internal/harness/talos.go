@@ -12,6 +12,7 @@ import (
 	"sync"
 	"time"
 
+	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"github.com/siderolabs/talos/pkg/machinery/extensions/services"
 
 	"github.com/talos-nvidia/nvidia-driver/pkg/document"
@@ -251,17 +252,26 @@ func (n *talosNode) serve(r *serviceRun) {
 		return
 	}
 
+	// services/extension.go Runner: built once per start; the restart policy runs the same
+	// container (mounts and environment) again after each exit.
+	spec, err := n.runner()
+	if err != nil {
+		// service_runner.go Run and system.go: the run ends in state Failed.
+		msg := "Failed to create runner: " + err.Error()
+
+		n.mu.Lock()
+		n.failed = msg
+		n.mu.Unlock()
+
+		n.event("%s", msg)
+
+		return
+	}
+
 	for {
-		exited, code, err := n.runContainer(r)
+		exited, code, err := n.runContainer(r, spec)
 		if err != nil {
-			// service_runner.go Run and system.go: the run ends in state Failed.
-			msg := "Failed to create runner: " + err.Error()
-
-			n.mu.Lock()
-			n.failed = msg
-			n.mu.Unlock()
-
-			n.event("%s", msg)
+			n.event("container: %v", err)
 
 			return
 		}
@@ -360,27 +370,27 @@ func (n *talosNode) waitCondition(r *serviceRun) bool {
 	}
 }
 
-// runContainer creates the container from the document as it is now (Runner is built
-// after the condition holds) and runs it until it exits or r is stopped.
-func (n *talosNode) runContainer(r *serviceRun) (exited bool, code int, err error) {
+// runner is services/extension.go Runner: missing mount sources are created 0700 (from
+// machined's working directory, /), and the container's spec is made from the document as
+// it is now.
+func (n *talosNode) runner() (*specs.Spec, error) {
 	n.mu.Lock()
 	doc := n.doc
 	n.mu.Unlock()
 
-	// services/extension.go Runner: missing mount sources are created 0700.
 	for _, m := range n.svc.Container.Mounts {
 		if _, err := os.Stat(m.Source); errors.Is(err, os.ErrNotExist) {
 			if err := os.MkdirAll(m.Source, 0o700); err != nil {
-				return false, 0, err
+				return nil, err
 			}
 		}
 	}
 
-	spec, err := Spec(n.svc, serviceConfig(n.configBase(), n.svc.Name, doc), n.cfgGroup)
-	if err != nil {
-		return false, 0, err
-	}
+	return Spec(n.svc, serviceConfig(n.configBase(), n.svc.Name, doc), n.cfgGroup)
+}
 
+// runContainer runs the container of spec until it exits or r is stopped.
+func (n *talosNode) runContainer(r *serviceRun, spec *specs.Spec) (exited bool, code int, err error) {
 	// Talos sets -600; lowering a score needs CAP_SYS_RESOURCE, which a build container may
 	// lack. The harness's own process (it dies with the run) tells whether it is allowed.
 	if err := os.WriteFile("/proc/self/oom_score_adj", []byte("-600"), 0o644); err != nil {
