@@ -19,6 +19,10 @@ type Config struct {
 	// Source names the file, for messages ("" for the built-in layouts alone).
 	Source  string
 	Layouts map[string][]Entry
+	// Overridden lists the built-in layouts that the file defines itself, sorted: the
+	// file's win (mig-parted has no built-ins, so NVIDIA's files define all-disabled,
+	// all-enabled and all-balanced themselves).
+	Overridden []string
 }
 
 // Entry is one item of a layout: which GPUs it selects and what they get.
@@ -38,6 +42,9 @@ type Entry struct {
 	// Generic is set for built-in layouts that are computed from each GPU's
 	// own profiles (all-1g, all-balanced, all-max).
 	Generic string
+	// builtin marks the entries of the built-in layouts (a file's layout of the same name
+	// overrides them).
+	builtin bool
 }
 
 func (e Entry) where() string { return fmt.Sprintf("layout %q, entry %d", e.Layout, e.Index) }
@@ -200,12 +207,6 @@ func Parse(data []byte) (*Config, error) {
 
 			if _, dup := cfg.Layouts[name]; dup {
 				p.addf("%s: layout %q: defined twice", line(k), name)
-
-				continue
-			}
-
-			if isBuiltin(name) {
-				p.addf("%s: layout %q: shadows the built-in layout of that name; give yours another name", line(k), name)
 
 				continue
 			}

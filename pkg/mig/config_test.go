@@ -70,13 +70,10 @@ var badConfigs = []struct {
 	{"devices key twice", "version: v1\nmig-configs:\n  a:\n    - devices: all\n      devices: [0]\n      mig-enabled: false\n", []string{"line 5: layout \"a\", entry 0: key \"devices\" given twice (first on line 4)"}},
 	{"top key twice", "version: v1\nmig-configs:\n  a:\n    - devices: all\n      mig-enabled: false\nversion: v1\n", []string{"line 6: key \"version\" given twice (first on line 1)"}},
 	{"mig-configs twice", "version: v1\nmig-configs:\n  a:\n    - devices: all\n      mig-enabled: false\nmig-configs:\n  b:\n    - devices: all\n      mig-enabled: false\n", []string{"line 6: key \"mig-configs\" given twice (first on line 2)"}},
-	// A user layout may not shadow a built-in one.
-	{"shadows all-disabled", "version: v1\nmig-configs:\n  all-disabled:\n    - devices: all\n      mig-enabled: false\n", []string{"line 3: layout \"all-disabled\": shadows the built-in layout of that name; give yours another name"}},
-	{"shadows all-max", "version: v1\nmig-configs:\n  mine:\n    - devices: all\n      mig-enabled: false\n  all-max:\n    - devices: all\n      mig-enabled: true\n", []string{"line 6: layout \"all-max\": shadows the built-in layout of that name; give yours another name"}},
 }
 
 func TestParseRejectsBadConfigs(t *testing.T) {
-	require.GreaterOrEqual(t, len(badConfigs), 53, "the 43 earlier cases, issue 12's 6 and the 4 mig-parted rules")
+	require.GreaterOrEqual(t, len(badConfigs), 51, "the 41 earlier cases, issue 12's 6 and the 4 mig-parted rules")
 
 	for _, tc := range badConfigs {
 		t.Run(tc.name, func(t *testing.T) {
@@ -119,26 +116,25 @@ func TestParseAcceptsGPUOperatorDefault(t *testing.T) {
 	data, err := os.ReadFile("testdata/gpu-operator-default-mig-config.yaml")
 	require.NoError(t, err)
 
-	// Its all-disabled, all-enabled and all-balanced shadow built-in layouts: rejected, by name
-	// and line, until renamed.
-	_, err = mig.ParseFile("default.yaml", data)
-	var verr *mig.ValidationError
-	require.ErrorAs(t, err, &verr)
-	assert.Equal(t, "default.yaml", verr.File)
-	assert.Equal(t, []string{
-		`line 8: layout "all-disabled": shadows the built-in layout of that name; give yours another name`,
-		`line 12: layout "all-enabled": shadows the built-in layout of that name; give yours another name`,
-		`line 356: layout "all-balanced": shadows the built-in layout of that name; give yours another name`,
-	}, verr.Problems)
-
-	cfg, err := mig.Parse([]byte(renameShadows(string(data))))
+	// Verbatim: its all-disabled, all-enabled and all-balanced win over the built-in layouts
+	// of those names, which stay for users without a file.
+	cfg, err := mig.ParseFile("default.yaml", data)
 	require.NoError(t, err)
+	assert.Equal(t, "default.yaml", cfg.Source)
+
+	all := cfg.WithBuiltins()
+	assert.Equal(t, []string{mig.LayoutAllBalanced, mig.LayoutAllDisabled, mig.LayoutAllEnabled}, all.Overridden)
+	assert.Equal(t, cfg.Layouts[mig.LayoutAllBalanced], all.Layouts[mig.LayoutAllBalanced], "the file's all-balanced")
+	assert.Len(t, all.Layouts, 83, "the file's 81 and the built-in all-1g and all-max")
+	assert.Equal(t, mig.LayoutAll1g, all.Layouts[mig.LayoutAll1g][0].Generic)
+	assert.Empty(t, mig.Builtin().WithBuiltins().Overridden, "the built-ins alone override nothing")
+
 	// The file as GPU Operator v26.3.1 ships it: 81 layouts, the B300 ones (0x318210DE,
 	// 0x31C210DE) included, and all-1g.35gb split by device between H200 and B300.
 	assert.Len(t, cfg.Layouts, 81)
-	assert.Len(t, cfg.Layouts["op-all-balanced"], 12)
-	assert.Equal(t, []uint32{0x20B710DE}, cfg.Layouts["op-all-balanced"][8].Filter)
-	assert.Equal(t, []uint32{0x31C210DE}, cfg.Layouts["op-all-balanced"][11].Filter)
+	assert.Len(t, cfg.Layouts["all-balanced"], 12)
+	assert.Equal(t, []uint32{0x20B710DE}, cfg.Layouts["all-balanced"][8].Filter)
+	assert.Equal(t, []uint32{0x31C210DE}, cfg.Layouts["all-balanced"][11].Filter)
 	require.Len(t, cfg.Layouts["all-1g.35gb"], 2)
 	assert.Equal(t, []uint32{0x233510DE}, cfg.Layouts["all-1g.35gb"][0].Filter)
 	assert.Equal(t, map[string]int{"1g.35gb": 4}, cfg.Layouts["all-1g.35gb"][0].MigDevices)

@@ -9,7 +9,7 @@ import (
 )
 
 // Built-in generic layouts: valid on any MIG-capable GPU, computed from its
-// own profiles. A file may not define a layout of the same name.
+// own profiles, for users without a file. A file's layout of the same name wins.
 const (
 	LayoutAllDisabled = "all-disabled"
 	LayoutAllEnabled  = "all-enabled"
@@ -37,7 +37,7 @@ func isBuiltin(name string) bool {
 func Builtin() *Config {
 	c := &Config{Layouts: map[string][]Entry{}}
 	for _, name := range BuiltinLayouts() {
-		e := Entry{Layout: name, AllDevices: true, MigEnabled: name != LayoutAllDisabled}
+		e := Entry{Layout: name, AllDevices: true, MigEnabled: name != LayoutAllDisabled, builtin: true}
 		if e.MigEnabled && name != LayoutAllEnabled {
 			e.Generic = name
 		}
@@ -48,15 +48,22 @@ func Builtin() *Config {
 	return c
 }
 
-// WithBuiltins returns c plus the generic layouts it does not define itself.
+// WithBuiltins returns c plus the generic layouts it does not define itself; Overridden
+// names those it does.
 func (c *Config) WithBuiltins() *Config {
 	out := Builtin()
 	if c != nil {
 		out.Source = c.Source
 		for name, entries := range c.Layouts {
+			if isBuiltin(name) && (len(entries) == 0 || !entries[0].builtin) {
+				out.Overridden = append(out.Overridden, name)
+			}
+
 			out.Layouts[name] = entries
 		}
 	}
+
+	sort.Strings(out.Overridden)
 
 	return out
 }
