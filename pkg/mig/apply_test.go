@@ -2,6 +2,7 @@ package mig_test
 
 import (
 	"github.com/talos-nvidia/nvidia-driver/internal/testutil"
+	"log/slog"
 
 	"context"
 	"errors"
@@ -112,14 +113,24 @@ func TestGPUOperatorDefaultLayouts(t *testing.T) {
 
 				plan, err := mig.PlanLayout(cfg, name, gpus)
 				if err != nil {
-					require.True(t, strings.Contains(err.Error(), "has no profile") || strings.Contains(err.Error(), "selects no GPU"), "%s: %v", name, err)
+					require.Contains(t, err.Error(), "has no profile", name)
+
+					continue
+				}
+
+				r := newRig(t, model, 2)
+				if plan.Selected() == 0 {
+					// A layout for other models: nothing to do here (TestFilterThatMatchesNoGPU).
+					statuses, err := r.applier.Apply(context.Background(), cfg, name)
+					require.NoError(t, err, name)
+					assert.Zero(t, r.node.MutatingCalls(), name)
+					assert.Equal(t, mig.ResultSuccess, statuses[0].Result, name)
 
 					continue
 				}
 
 				applicable = append(applicable, name)
 
-				r := newRig(t, model, 2)
 				statuses, err := r.applier.Apply(context.Background(), cfg, name)
 				require.NoError(t, err)
 				for _, st := range statuses {
@@ -143,6 +154,29 @@ func TestGPUOperatorDefaultLayouts(t *testing.T) {
 			assert.Equal(t, layouts, applicable)
 		})
 	}
+}
+
+// TestFilterThatMatchesNoGPU: NVIDIA's all-1g.10gb names A100 and H100 ids only; on an H200
+// node it is nothing to do, as for mig-parted: every GPU is left as it is, no call changes
+// one, and the log says so once.
+func TestFilterThatMatchesNoGPU(t *testing.T) {
+	cfg := loadDefault(t)
+	r := newRig(t, "h200", 2)
+
+	var logs strings.Builder
+	r.applier.Logger = slog.New(slog.NewTextHandler(&logs, nil))
+
+	statuses, err := r.applier.Apply(context.Background(), cfg, "all-1g.10gb")
+	require.NoError(t, err)
+	require.Len(t, statuses, 2)
+
+	for _, st := range statuses {
+		assert.Equal(t, mig.ResultSuccess, st.Result)
+		assert.Equal(t, "not selected by the layout; left as it is", st.Message)
+	}
+
+	assert.Zero(t, r.node.MutatingCalls())
+	assert.Equal(t, 1, strings.Count(logs.String(), `msg="mig layout selects no GPU of this node (its device filters match none); nothing to do" layout=all-1g.10gb gpus="GPU 0: 0x233510DE, GPU 1: 0x233510DE"`), logs.String())
 }
 
 // TestGPUOperatorDefaultOnAMixedNode: on a node of an A100-80GB, an H100 and an H200, the

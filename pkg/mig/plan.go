@@ -106,18 +106,12 @@ func PlanLayout(cfg *Config, layout string, gpus []*GPU) (*Plan, error) {
 
 	var problems []string
 
-	selected := 0
-
 	for _, g := range gpus {
 		gp, err := planGPU(entries, g)
 		if err != nil {
 			problems = append(problems, err.Error())
 
 			continue
-		}
-
-		if gp.Selected {
-			selected++
 		}
 
 		plan.GPUs = append(plan.GPUs, gp)
@@ -127,16 +121,32 @@ func PlanLayout(cfg *Config, layout string, gpus []*GPU) (*Plan, error) {
 		return nil, fmt.Errorf("layout %q does not fit: %s", layout, strings.Join(problems, "; "))
 	}
 
-	if selected == 0 && len(gpus) > 0 {
-		ids := make([]string, 0, len(gpus))
-		for _, g := range gpus {
-			ids = append(ids, fmt.Sprintf("GPU %d: 0x%08X", g.Index, g.PciDeviceID))
-		}
+	return plan, nil
+}
 
-		return nil, fmt.Errorf("layout %q selects no GPU of this node (%s)", layout, strings.Join(ids, ", "))
+// Selected counts the GPUs the plan selects. A layout whose device filters match no GPU of
+// the node selects none: nothing to do, as for mig-parted (its apply walks the GPUs and
+// skips each that no entry matches: cmd/nvidia-mig-parted/apply, WalkSelectedMigConfigForEachGPU).
+func (p *Plan) Selected() int {
+	n := 0
+
+	for _, g := range p.GPUs {
+		if g.Selected {
+			n++
+		}
 	}
 
-	return plan, nil
+	return n
+}
+
+// describeGPUs names each GPU with its PCI device id, as device-filter writes it.
+func describeGPUs(gpus []GPUPlan) string {
+	ids := make([]string, 0, len(gpus))
+	for _, g := range gpus {
+		ids = append(ids, fmt.Sprintf("GPU %d: 0x%08X", g.GPU.Index, g.GPU.PciDeviceID))
+	}
+
+	return strings.Join(ids, ", ")
 }
 
 func (c *Config) outOfRange(entries []Entry, count int) []string {

@@ -106,3 +106,21 @@ func BenchmarkPlanBuiltins(b *testing.B) {
 		}
 	}
 }
+
+// TestPlanNVIDIAFileVerbatim: the GPU Operator's default file as it ships: its all-balanced
+// wins over the built-in one, and a layout for other models is nothing to do.
+func TestPlanNVIDIAFileVerbatim(t *testing.T) {
+	const file = "../testdata/gpu-operator-default-mig-config.yaml"
+
+	for _, tc := range []struct {
+		layout, want string
+	}{
+		{"all-balanced", "layout \"all-balanced\" fits on 1 × h200 (NVIDIA H200):\n  GPU 0: MIG on: 2g.35gb@0[2g.35gb] 1g.18gb@2[1g.18gb] 1g.18gb@3[1g.18gb] 3g.71gb@4[3g.71gb]\n"},
+		{"all-1g.10gb", "layout \"all-1g.10gb\" selects no h200 GPU (its device filters match none): nothing to do\n"},
+	} {
+		var out, errOut bytes.Buffer
+		code := cli.RunPlanCLI([]string{"--gpu", "h200", "--config", file, "--select", tc.layout}, &out, &errOut)
+		require.Equal(t, 0, code, errOut.String())
+		assert.Equal(t, tc.want, out.String())
+	}
+}
