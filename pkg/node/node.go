@@ -436,9 +436,11 @@ type readinessSummary struct {
 	DriverVersion string         `json:"driverVersion"`
 	GPUs          []readinessGPU `json:"gpus"`
 	MIGLayout     string         `json:"migLayout,omitempty"`
-	MIG           []readinessMIG `json:"mig,omitempty"`
-	CDISpec       string         `json:"cdiSpec,omitempty"`
-	Fabric        string         `json:"fabric,omitempty"`
+	// MIGState is the layout's outcome, as the mig.config.state label says it.
+	MIGState string         `json:"migState,omitempty"`
+	MIG      []readinessMIG `json:"mig,omitempty"`
+	CDISpec  string         `json:"cdiSpec,omitempty"`
+	Fabric   string         `json:"fabric,omitempty"`
 }
 
 type readinessGPU struct {
@@ -446,6 +448,9 @@ type readinessGPU struct {
 	UUID  string `json:"uuid"`
 	Name  string `json:"name"`
 	MIG   string `json:"mig,omitempty"`
+	// MIGDevices change whenever instances are made again (new UUIDs), so the file's bytes
+	// change with the set of devices, which is what makes driver-watch restart the plugin.
+	MIGDevices []gpu.MIGDevice `json:"migDevices,omitempty"`
 }
 
 type readinessMIG struct {
@@ -455,13 +460,13 @@ type readinessMIG struct {
 
 func (r *Runner) readiness() readinessSummary {
 	st := r.status.get()
-	sum := readinessSummary{DriverVersion: st.DriverVersion, MIGLayout: r.cfg.MIGLayout, CDISpec: st.CDISpec}
+	sum := readinessSummary{DriverVersion: st.DriverVersion, MIGLayout: r.cfg.MIGLayout, MIGState: r.migNodeState(), CDISpec: st.CDISpec}
 	if st.Fabric != nil {
 		sum.Fabric = st.Fabric.State
 	}
 
 	for _, g := range st.GPUs {
-		sum.GPUs = append(sum.GPUs, readinessGPU{Index: g.Index, UUID: g.UUID, Name: g.Name, MIG: g.MIG})
+		sum.GPUs = append(sum.GPUs, readinessGPU{Index: g.Index, UUID: g.UUID, Name: g.Name, MIG: g.MIG, MIGDevices: g.MIGDevices})
 	}
 
 	for _, m := range st.MIG {
