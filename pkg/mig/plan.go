@@ -251,6 +251,10 @@ func generic(name string, g *GPU) (map[string]int, error) {
 			return p, fmt.Errorf("layout %q: %s has no %d-slice profile", name, g.label(), sliceOfIndex(idx))
 		}
 
+		if len(p.Placements) == 0 {
+			return p, fmt.Errorf("layout %q: %s", name, noPlacements(p.Name, g, p))
+		}
+
 		return p, nil
 	}
 
@@ -300,6 +304,13 @@ func generic(name string, g *GPU) (map[string]int, error) {
 	}
 
 	return nil, fmt.Errorf("unknown generic layout %q", name)
+}
+
+// noPlacements says that NVML lists a profile without any place to put it
+// (nvmlDeviceGetGpuInstancePossiblePlacements returned none).
+func noPlacements(name string, g *GPU, gp GIProfileInfo) string {
+	return fmt.Sprintf("mig-devices[%q]: %s: NVML reports no possible placement for profile %s (GetGpuInstancePossiblePlacements returned none)",
+		name, g.label(), gp.Name)
 }
 
 func sliceOfIndex(idx int) int {
@@ -357,6 +368,12 @@ func requests(e Entry, g *GPU) ([]request, error) {
 		if !ok {
 			problems = append(problems, fmt.Sprintf("mig-devices[%q]: %s has no profile %q; it has %s",
 				name, g.label(), prof.GIName(), strings.Join(g.ProfileNames(), ", ")))
+
+			continue
+		}
+
+		if len(gp.Placements) == 0 {
+			problems = append(problems, noPlacements(name, g, gp))
 
 			continue
 		}
@@ -494,8 +511,8 @@ func solve(g *GPU, reqs []request) (State, error) {
 			return a.Info.SliceCount > b.Info.SliceCount
 		}
 
-		if a.Placements[0].Size != b.Placements[0].Size {
-			return a.Placements[0].Size > b.Placements[0].Size
+		if sa, sb := placementSize(a), placementSize(b); sa != sb {
+			return sa > sb
 		}
 
 		return a.Index < b.Index
@@ -575,6 +592,15 @@ func solve(g *GPU, reqs []request) (State, error) {
 	sort.SliceStable(st.Instances, func(i, j int) bool { return st.Instances[i].Placement.Start < st.Instances[j].Placement.Start })
 
 	return st, nil
+}
+
+// placementSize is the size of a profile's placements (memory slices), 0 with none.
+func placementSize(p GIProfileInfo) uint32 {
+	if len(p.Placements) == 0 {
+		return 0
+	}
+
+	return p.Placements[0].Size
 }
 
 func countOf(reqs []request, id uint32) int {
