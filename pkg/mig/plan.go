@@ -273,9 +273,21 @@ func generic(name string, g *GPU) (map[string]int, error) {
 
 		return map[string]int{p.Name: n}, nil
 	case LayoutAllBalanced:
+		// NVIDIA's published all-balanced (the GPU Operator's default-mig-parted-config): on
+		// 7-slice GPUs 2 × 1g, 1 × 2g and 1 × 3g; on 4-slice GPUs (A30, RTX PRO 6000
+		// Blackwell) 2 × 1g and 1 × 2g.
+		counts := map[int]int{nvml.GPU_INSTANCE_PROFILE_1_SLICE: 2, nvml.GPU_INSTANCE_PROFILE_2_SLICE: 1}
+
+		switch slices := g.slices(); {
+		case slices >= 7:
+			counts[nvml.GPU_INSTANCE_PROFILE_3_SLICE] = 1
+		case slices < 4:
+			return nil, fmt.Errorf("layout %q: %s has %d compute slices; all-balanced is defined for GPUs of 4 or more", name, g.label(), slices)
+		}
+
 		out := map[string]int{}
 
-		for idx, n := range map[int]int{nvml.GPU_INSTANCE_PROFILE_1_SLICE: 2, nvml.GPU_INSTANCE_PROFILE_2_SLICE: 1, nvml.GPU_INSTANCE_PROFILE_3_SLICE: 1} {
+		for idx, n := range counts {
 			p, err := get(idx)
 			if err != nil {
 				return nil, err
@@ -304,6 +316,17 @@ func generic(name string, g *GPU) (map[string]int, error) {
 	}
 
 	return nil, fmt.Errorf("unknown generic layout %q", name)
+}
+
+// slices is the GPU's number of compute slices: the slice count of its largest profile.
+func (g *GPU) slices() uint32 {
+	var n uint32
+
+	for _, p := range g.Profiles {
+		n = max(n, p.Info.SliceCount)
+	}
+
+	return n
 }
 
 // noPlacements says that NVML lists a profile without any place to put it

@@ -2,6 +2,7 @@ package mig_test
 
 import (
 	"context"
+	"os"
 	"testing"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
@@ -94,4 +95,43 @@ func TestProfileWithoutPlacements(t *testing.T) {
 	require.ErrorAs(t, err, &layoutErr)
 	assert.Contains(t, err.Error(), want)
 	assert.Zero(t, node.MutatingCalls())
+}
+
+// TestBuiltinBalancedIsNVIDIAs: the built-in all-balanced gives every known model what
+// NVIDIA's published all-balanced gives it (the GPU Operator's default file, one entry per
+// device id): 2 × 1g, 1 × 2g, 1 × 3g on 7-slice GPUs, 2 × 1g, 1 × 2g on 4-slice ones (A30).
+// A node of mixed slice counts takes it whole.
+func TestBuiltinBalancedIsNVIDIAs(t *testing.T) {
+	data, err := os.ReadFile("testdata/gpu-operator-default-mig-config.yaml")
+	require.NoError(t, err)
+	nvidia, err := mig.Parse(data)
+	require.NoError(t, err)
+
+	var node []*mig.GPU
+
+	for i, key := range models.Keys() {
+		m, err := models.Lookup(key)
+		require.NoError(t, err)
+
+		theirs, err := mig.PlanLayout(nvidia, mig.LayoutAllBalanced, []*mig.GPU{mig.FromModel(m, 0)})
+		require.NoError(t, err, key)
+		require.True(t, theirs.GPUs[0].Selected, "%s: NVIDIA's file has an all-balanced entry for it", key)
+
+		ours, err := mig.PlanLayout(mig.Builtin(), mig.LayoutAllBalanced, []*mig.GPU{mig.FromModel(m, 0)})
+		require.NoError(t, err, key)
+		assert.Equal(t, theirs.GPUs[0].Target.String(), ours.GPUs[0].Target.String(), key)
+
+		node = append(node, mig.FromModel(m, i))
+	}
+
+	a30, err := models.Lookup("a30")
+	require.NoError(t, err)
+
+	plan, err := mig.PlanLayout(mig.Builtin(), mig.LayoutAllBalanced, []*mig.GPU{mig.FromModel(a30, 0)})
+	require.NoError(t, err)
+	assert.Equal(t, "MIG on: 2g.12gb@0[2g.12gb] 1g.6gb@2[1g.6gb] 1g.6gb@3[1g.6gb]", plan.GPUs[0].Target.String())
+
+	plan, err = mig.PlanLayout(mig.Builtin(), mig.LayoutAllBalanced, node)
+	require.NoError(t, err, "a node of every model")
+	assert.Equal(t, len(node), plan.Selected())
 }
