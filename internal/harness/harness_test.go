@@ -115,7 +115,7 @@ func assembled(t *testing.T, demo bool, spec string) string {
 			Payload: subroot, ServiceRootfs: ctr,
 			ServiceSpec: spec, FabricManagerSpec: filepath.Join(top, "extension/nvidia-fabricmanager.yaml"),
 			Overlay: filepath.Join(top, "extension/rootfs"),
-			Hook: filepath.Join(out, "bin/nvidia-cdi-hook"), Ldconfig: filepath.Join(out, "bin/ldconfig"),
+			Hook:    filepath.Join(out, "bin/nvidia-cdi-hook"), Ldconfig: filepath.Join(out, "bin/ldconfig"),
 			OutDir: filepath.Join(work, "out"),
 		})
 		a.dir, a.err = res.Dir, err

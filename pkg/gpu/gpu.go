@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"path/filepath"
+	"strings"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 )
@@ -52,10 +53,19 @@ type GPU struct {
 	// MIG is "enabled", "disabled", "enabled (pending disable)" and so on, or "" where the
 	// GPU has no MIG.
 	MIG string `json:"mig,omitempty"`
+	// MIGDevices are the GPU's MIG devices (one per compute instance) while MIG is on: what
+	// the device plugin enumerates.
+	MIGDevices []MIGDevice `json:"migDevices,omitempty"`
 	// PciDeviceID is device<<16 | vendor, as mig-parted's device-filter writes it (0x233510DE).
 	PciDeviceID uint32 `json:"-"`
 	// MemoryBytes is the GPU's whole memory (MIG profile names are fractions of it).
 	MemoryBytes uint64 `json:"-"`
+}
+
+// MIGDevice is one MIG device of a GPU.
+type MIGDevice struct {
+	UUID string `json:"uuid"`
+	Name string `json:"name"`
 }
 
 // MigCapable says whether NVML reports a MIG mode for the GPU.
@@ -122,7 +132,51 @@ func Describe(i int, d nvml.Device) (GPU, error) {
 		return g, fmt.Errorf("reading MIG mode: %w", ret)
 	}
 
+	if strings.HasPrefix(g.MIG, "enabled") {
+		var err error
+		if g.MIGDevices, err = migDevices(d); err != nil {
+			return g, err
+		}
+	}
+
 	return g, nil
+}
+
+// migDevices lists the MIG devices of a GPU in MIG mode, in NVML's index order.
+func migDevices(d nvml.Device) ([]MIGDevice, error) {
+	n, ret := d.GetMaxMigDeviceCount()
+	if ret != nvml.SUCCESS {
+		return nil, fmt.Errorf("counting MIG devices: %w", ret)
+	}
+
+	var out []MIGDevice
+
+	for i := range n {
+		md, ret := d.GetMigDeviceHandleByIndex(i)
+		// nvml.h, nvmlDeviceGetMigDeviceHandleByIndex: NOT_FOUND where no MIG device has
+		// that index.
+		if errors.Is(ret, nvml.ERROR_NOT_FOUND) {
+			continue
+		}
+
+		if ret != nvml.SUCCESS {
+			return nil, fmt.Errorf("MIG device %d: getting its handle: %w", i, ret)
+		}
+
+		var m MIGDevice
+
+		if m.UUID, ret = md.GetUUID(); ret != nvml.SUCCESS {
+			return nil, fmt.Errorf("MIG device %d: reading UUID: %w", i, ret)
+		}
+
+		if m.Name, ret = md.GetName(); ret != nvml.SUCCESS {
+			return nil, fmt.Errorf("MIG device %d: reading name: %w", i, ret)
+		}
+
+		out = append(out, m)
+	}
+
+	return out, nil
 }
 
 // migMode names the GPU's MIG mode; "" where the GPU has no MIG.

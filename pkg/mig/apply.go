@@ -124,6 +124,11 @@ func (a *Applier) Apply(ctx context.Context, cfg *Config, layout string) ([]Stat
 		return nil, &LayoutError{Err: err}
 	}
 
+	if plan.Selected() == 0 && len(plan.GPUs) > 0 {
+		a.logger().Info("mig layout selects no GPU of this node (its device filters match none); nothing to do",
+			"layout", layout, "gpus", describeGPUs(plan.GPUs))
+	}
+
 	return a.ApplyPlan(ctx, plan), nil
 }
 

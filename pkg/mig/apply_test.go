@@ -2,6 +2,7 @@ package mig_test
 
 import (
 	"github.com/talos-nvidia/nvidia-driver/internal/testutil"
+	"log/slog"
 
 	"context"
 	"errors"
@@ -78,12 +79,12 @@ func (r *rig) state(t testing.TB, i int) (mig.State, int) {
 	return st, pending
 }
 
-// loadDefault reads NVIDIA's default layouts with the three that shadow built-in layouts
-// renamed (op-all-disabled, op-all-enabled, op-all-balanced), as a user must.
+// loadDefault reads NVIDIA's default layouts as the GPU Operator ships them: its layouts
+// alone, as mig-parted sees the file.
 func loadDefault(t testing.TB) *mig.Config {
 	data, err := os.ReadFile("testdata/gpu-operator-default-mig-config.yaml")
 	require.NoError(t, err)
-	cfg, err := mig.Parse([]byte(renameShadows(string(data))))
+	cfg, err := mig.Parse(data)
 	require.NoError(t, err)
 
 	return cfg
@@ -95,10 +96,10 @@ func loadDefault(t testing.TB) *mig.Config {
 func TestGPUOperatorDefaultLayouts(t *testing.T) {
 	cfg := loadDefault(t)
 	want := map[string][]string{
-		"a100-40gb": {"all-1g.10gb", "all-1g.5gb", "all-1g.5gb.me", "all-2g.10gb", "all-3g.20gb", "all-4g.20gb", "all-7g.40gb", "op-all-balanced", "op-all-disabled", "op-all-enabled"},
-		"a100-80gb": {"all-1g.10gb", "all-1g.10gb.me", "all-1g.20gb", "all-2g.20gb", "all-3g.40gb", "all-4g.40gb", "all-7g.80gb", "op-all-balanced", "op-all-disabled", "op-all-enabled"},
-		"h100-80gb": {"all-1g.10gb", "all-1g.10gb.me", "all-1g.20gb", "all-2g.20gb", "all-3g.40gb", "all-4g.40gb", "all-7g.80gb", "op-all-balanced", "op-all-disabled", "op-all-enabled"},
-		"h200":      {"all-1g.18gb", "all-1g.18gb.me", "all-1g.35gb", "all-2g.35gb", "all-3g.71gb", "all-4g.71gb", "all-7g.141gb", "op-all-balanced", "op-all-disabled", "op-all-enabled"},
+		"a100-40gb": {"all-1g.10gb", "all-1g.5gb", "all-1g.5gb.me", "all-2g.10gb", "all-3g.20gb", "all-4g.20gb", "all-7g.40gb", "all-balanced", "all-disabled", "all-enabled"},
+		"a100-80gb": {"all-1g.10gb", "all-1g.10gb.me", "all-1g.20gb", "all-2g.20gb", "all-3g.40gb", "all-4g.40gb", "all-7g.80gb", "all-balanced", "all-disabled", "all-enabled"},
+		"h100-80gb": {"all-1g.10gb", "all-1g.10gb.me", "all-1g.20gb", "all-2g.20gb", "all-3g.40gb", "all-4g.40gb", "all-7g.80gb", "all-balanced", "all-disabled", "all-enabled"},
+		"h200":      {"all-1g.18gb", "all-1g.18gb.me", "all-1g.35gb", "all-2g.35gb", "all-3g.71gb", "all-4g.71gb", "all-7g.141gb", "all-balanced", "all-disabled", "all-enabled"},
 	}
 
 	for model, layouts := range want {
@@ -112,14 +113,24 @@ func TestGPUOperatorDefaultLayouts(t *testing.T) {
 
 				plan, err := mig.PlanLayout(cfg, name, gpus)
 				if err != nil {
-					require.True(t, strings.Contains(err.Error(), "has no profile") || strings.Contains(err.Error(), "selects no GPU"), "%s: %v", name, err)
+					require.Contains(t, err.Error(), "has no profile", name)
+
+					continue
+				}
+
+				r := newRig(t, model, 2)
+				if plan.Selected() == 0 {
+					// A layout for other models: nothing to do here (TestFilterThatMatchesNoGPU).
+					statuses, err := r.applier.Apply(context.Background(), cfg, name)
+					require.NoError(t, err, name)
+					assert.Zero(t, r.node.MutatingCalls(), name)
+					assert.Equal(t, mig.ResultSuccess, statuses[0].Result, name)
 
 					continue
 				}
 
 				applicable = append(applicable, name)
 
-				r := newRig(t, model, 2)
 				statuses, err := r.applier.Apply(context.Background(), cfg, name)
 				require.NoError(t, err)
 				for _, st := range statuses {
@@ -145,15 +156,38 @@ func TestGPUOperatorDefaultLayouts(t *testing.T) {
 	}
 }
 
+// TestFilterThatMatchesNoGPU: NVIDIA's all-1g.10gb names A100 and H100 ids only; on an H200
+// node it is nothing to do, as for mig-parted: every GPU is left as it is, no call changes
+// one, and the log says so once.
+func TestFilterThatMatchesNoGPU(t *testing.T) {
+	cfg := loadDefault(t)
+	r := newRig(t, "h200", 2)
+
+	var logs strings.Builder
+	r.applier.Logger = slog.New(slog.NewTextHandler(&logs, nil))
+
+	statuses, err := r.applier.Apply(context.Background(), cfg, "all-1g.10gb")
+	require.NoError(t, err)
+	require.Len(t, statuses, 2)
+
+	for _, st := range statuses {
+		assert.Equal(t, mig.ResultSuccess, st.Result)
+		assert.Equal(t, "not selected by the layout; left as it is", st.Message)
+	}
+
+	assert.Zero(t, r.node.MutatingCalls())
+	assert.Equal(t, 1, strings.Count(logs.String(), `msg="mig layout selects no GPU of this node (its device filters match none); nothing to do" layout=all-1g.10gb gpus="GPU 0: 0x233510DE, GPU 1: 0x233510DE"`), logs.String())
+}
+
 // TestGPUOperatorDefaultOnAMixedNode: on a node of an A100-80GB, an H100 and an H200, the
-// default file's all-balanced (op-all-balanced), one entry per device-filter, gives each GPU
+// default file's all-balanced, one entry per device-filter, gives each GPU
 // the entry of its own PCI id, as mig-parted walks entries (cmd/nvidia-mig-parted/assert,
 // WalkSelectedMigConfigForEachGPU); all-1g.35gb selects the H200 alone and leaves the others.
 func TestGPUOperatorDefaultOnAMixedNode(t *testing.T) {
 	cfg := loadDefault(t)
 	r := rigOn(t, sim.NewNode(testutil.Model(t, "a100-80gb"), testutil.Model(t, "h100-80gb"), testutil.Model(t, "h200")), 3)
 
-	statuses, err := r.applier.Apply(context.Background(), cfg, "op-all-balanced")
+	statuses, err := r.applier.Apply(context.Background(), cfg, "all-balanced")
 	require.NoError(t, err)
 	require.Len(t, statuses, 3)
 
@@ -455,14 +489,6 @@ func TestFaultMatrix(t *testing.T) {
 		}
 		require.Greater(t, cases, 0)
 	}
-}
-
-func renameShadows(yaml string) string {
-	for _, name := range []string{"all-disabled", "all-enabled", "all-balanced"} {
-		yaml = strings.ReplaceAll(yaml, "\n  "+name+":", "\n  op-"+name+":")
-	}
-
-	return yaml
 }
 
 // TestBoardsThatCannotResetEndPendingReboot: in pass-through (activationStatus

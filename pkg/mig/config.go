@@ -19,6 +19,10 @@ type Config struct {
 	// Source names the file, for messages ("" for the built-in layouts alone).
 	Source  string
 	Layouts map[string][]Entry
+	// Overridden lists the built-in layouts that the file defines itself, sorted: the
+	// file's win (mig-parted has no built-ins, so NVIDIA's files define all-disabled,
+	// all-enabled and all-balanced themselves).
+	Overridden []string
 }
 
 // Entry is one item of a layout: which GPUs it selects and what they get.
@@ -38,6 +42,9 @@ type Entry struct {
 	// Generic is set for built-in layouts that are computed from each GPU's
 	// own profiles (all-1g, all-balanced, all-max).
 	Generic string
+	// builtin marks the entries of the built-in layouts (a file's layout of the same name
+	// overrides them).
+	builtin bool
 }
 
 func (e Entry) where() string { return fmt.Sprintf("layout %q, entry %d", e.Layout, e.Index) }
@@ -64,11 +71,21 @@ func (c *Config) Select(name string) ([]Entry, error) {
 	return entries, nil
 }
 
-// ValidationError holds every problem found in a file.
+// ValidationError holds the problems found in a file: the first MaxProblems of them, and how
+// many more there were, so that a large bad file gives a short message in the log and the
+// status file.
 type ValidationError struct {
 	File     string // "" when the data came from no file
 	Problems []string
+	// More counts the problems past the first MaxProblems.
+	More int
 }
+
+// MaxProblems is how many problems a ValidationError lists; maxProblemLen bounds each.
+const (
+	MaxProblems   = 20
+	maxProblemLen = 300
+)
 
 func (v *ValidationError) Error() string {
 	what := "invalid MIG config"
@@ -76,11 +93,16 @@ func (v *ValidationError) Error() string {
 		what += " " + v.File
 	}
 
-	if len(v.Problems) == 1 {
+	if len(v.Problems) == 1 && v.More == 0 {
 		return what + ": " + v.Problems[0]
 	}
 
-	return fmt.Sprintf("%s (%d problems):\n  - %s", what, len(v.Problems), strings.Join(v.Problems, "\n  - "))
+	msg := fmt.Sprintf("%s (%d problems):\n  - %s", what, len(v.Problems)+v.More, strings.Join(v.Problems, "\n  - "))
+	if v.More > 0 {
+		msg += fmt.Sprintf("\n  - and %d more", v.More)
+	}
+
+	return msg
 }
 
 // LoadFile reads the layouts file at path and adds the built-in layouts; a file that does not
@@ -122,10 +144,32 @@ func ParseFile(name string, data []byte) (*Config, error) {
 	return cfg, nil
 }
 
-type parser struct{ problems []string }
+type parser struct {
+	problems []string
+	more     int // problems past MaxProblems
+}
 
 func (p *parser) addf(format string, args ...any) {
-	p.problems = append(p.problems, fmt.Sprintf(format, args...))
+	if len(p.problems) >= MaxProblems {
+		p.more++
+
+		return
+	}
+
+	msg := fmt.Sprintf(format, args...)
+	if len(msg) > maxProblemLen {
+		msg = strings.ToValidUTF8(msg[:maxProblemLen], "") + "..."
+	}
+
+	p.problems = append(p.problems, msg)
+}
+
+func (p *parser) err() error {
+	if len(p.problems) == 0 {
+		return nil
+	}
+
+	return &ValidationError{Problems: p.problems, More: p.more}
 }
 
 func line(n *yaml.Node) string { return fmt.Sprintf("line %d", n.Line) }
@@ -134,9 +178,13 @@ func line(n *yaml.Node) string { return fmt.Sprintf("line %d", n.Line) }
 // malformed profiles and bad counts are all reported at once, each with the
 // layout, entry and key it concerns.
 func Parse(data []byte) (*Config, error) {
+	if msg := notUTF8(data); msg != "" {
+		return nil, &ValidationError{Problems: []string{msg}}
+	}
+
 	var doc yaml.Node
 	if err := yaml.Unmarshal(data, &doc); err != nil {
-		return nil, &ValidationError{Problems: []string{fmt.Sprintf("not YAML: %v", err)}}
+		return nil, &ValidationError{Problems: []string{syntaxError(data, err)}}
 	}
 
 	p := &parser{}
@@ -146,7 +194,15 @@ func Parse(data []byte) (*Config, error) {
 		return nil, &ValidationError{Problems: []string{"empty document"}}
 	}
 
-	root := doc.Content[0]
+	// Anchors, aliases and merge keys mean what YAML says: the parser below sees the
+	// document with them resolved.
+	r := &resolver{p: p, done: map[*yaml.Node]*yaml.Node{}}
+
+	root := r.resolve(doc.Content[0])
+	if err := p.err(); err != nil {
+		return nil, err
+	}
+
 	if root.Kind != yaml.MappingNode {
 		return nil, &ValidationError{Problems: []string{fmt.Sprintf("%s: top level must be a map with version and mig-configs", line(root))}}
 	}
@@ -204,18 +260,12 @@ func Parse(data []byte) (*Config, error) {
 				continue
 			}
 
-			if isBuiltin(name) {
-				p.addf("%s: layout %q: shadows the built-in layout of that name; give yours another name", line(k), name)
-
-				continue
-			}
-
 			cfg.Layouts[name] = p.layout(name, v)
 		}
 	}
 
-	if len(p.problems) > 0 {
-		return nil, &ValidationError{Problems: p.problems}
+	if err := p.err(); err != nil {
+		return nil, err
 	}
 
 	return cfg, nil
@@ -280,14 +330,13 @@ func (p *parser) layout(name string, n *yaml.Node) []Entry {
 
 		enabledValid := false
 
-		switch {
-		case enabled == nil:
+		if enabled == nil {
 			p.addf("%s: %s: required", line(en), at("mig-enabled"))
-		case enabled.Kind != yaml.ScalarNode || enabled.ShortTag() != "!!bool":
-			p.addf("%s: %s: must be true or false, got %q", line(enabled), at("mig-enabled"), enabled.Value)
-		default:
+		} else if b, ok := yaml11Bool(enabled); !ok {
+			p.addf("%s: %s: must be a boolean (true or false), got %s", line(enabled), at("mig-enabled"), describeScalar(enabled))
+		} else {
 			enabledValid = true
-			e.MigEnabled = enabled.Value == "true" || enabled.Value == "True" || enabled.Value == "TRUE"
+			e.MigEnabled = b
 		}
 
 		// mig-parted's rules (api/spec/v1/spec.go, MigConfigSpec.UnmarshalJSON): mig-devices is
@@ -462,7 +511,7 @@ func (p *parser) migDevices(at string, n *yaml.Node) map[string]int {
 
 	// mig-parted (pkg/types/mig_config.go, AssertValidFormat): counts that are all 0 are an
 	// error; an empty map is not.
-	if len(out) > 0 && len(out) == len(n.Content)/2 {
+	if len(out) > 0 && 2*len(out) == len(n.Content) {
 		for _, c := range out {
 			if c > 0 {
 				return out

@@ -2,8 +2,11 @@ package mig_test
 
 import (
 	"errors"
+	"fmt"
 	"os"
+	"strings"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -16,7 +19,7 @@ var badConfigs = []struct {
 	name, yaml string
 	want       []string
 }{
-	{"not yaml", "version: [v1\n", []string{"not YAML: yaml: line 1: did not find expected ',' or ']'"}},
+	{"not yaml", "version: [v1\n", []string{"line 1: not YAML: did not find expected ',' or ']'"}},
 	{"empty", "", []string{"empty document"}},
 	{"top level list", "- a\n", []string{"line 1: top level must be a map with version and mig-configs"}},
 	{"no version", "mig-configs:\n  a:\n    - devices: all\n      mig-enabled: false\n", []string{"version: required (want \"v1\")"}},
@@ -36,8 +39,17 @@ var badConfigs = []struct {
 	{"devices negative", "version: v1\nmig-configs:\n  a:\n    - devices: [-1]\n      mig-enabled: false\n", []string{"line 4: layout \"a\", entry 0, devices[0]: GPU index -1 is negative"}},
 	{"devices twice", "version: v1\nmig-configs:\n  a:\n    - devices: [1, 1]\n      mig-enabled: false\n", []string{"line 4: layout \"a\", entry 0, devices[1]: GPU index 1 listed twice"}},
 	{"mig-enabled missing", "version: v1\nmig-configs:\n  a:\n    - devices: all\n", []string{"line 4: layout \"a\", entry 0, mig-enabled: required"}},
-	{"mig-enabled string", "version: v1\nmig-configs:\n  a:\n    - devices: all\n      mig-enabled: \"true\"\n", []string{"line 5: layout \"a\", entry 0, mig-enabled: must be true or false, got \"true\""}},
-	{"mig-enabled yes", "version: v1\nmig-configs:\n  a:\n    - devices: all\n      mig-enabled: yes\n", []string{"line 5: layout \"a\", entry 0, mig-enabled: must be true or false, got \"yes\""}},
+	{"mig-enabled string", "version: v1\nmig-configs:\n  a:\n    - devices: all\n      mig-enabled: \"true\"\n", []string{"line 5: layout \"a\", entry 0, mig-enabled: must be a boolean (true or false), got \"true\""}},
+	// YAML 1.1, as mig-parted reads it: a tag that is not !!bool, or a !!bool value YAML 1.1
+	// does not define, is no boolean; never false.
+	{"mig-enabled !!bool 1", "version: v1\nmig-configs:\n  a:\n    - devices: all\n      mig-enabled: !!bool 1\n", []string{"line 5: layout \"a\", entry 0, mig-enabled: must be a boolean (true or false), got !!bool \"1\""}},
+	{"mig-enabled !!str", "version: v1\nmig-configs:\n  a:\n    - devices: all\n      mig-enabled: !!str true\n", []string{"line 5: layout \"a\", entry 0, mig-enabled: must be a boolean (true or false), got !!str \"true\""}},
+	{"mig-enabled local tag", "version: v1\nmig-configs:\n  a:\n    - devices: all\n      mig-enabled: !maybe yes\n", []string{"line 5: layout \"a\", entry 0, mig-enabled: must be a boolean (true or false), got !maybe \"yes\""}},
+	{"mig-enabled list", "version: v1\nmig-configs:\n  a:\n    - devices: all\n      mig-enabled: [true]\n", []string{"line 5: layout \"a\", entry 0, mig-enabled: must be a boolean (true or false), got a list"}},
+	// Lines right where YAML's own errors have none or the wrong one.
+	{"tab indentation", "version: v1\nmig-configs:\n  a:\n    - devices: all\n\tmig-enabled: false\n", []string{"line 5: not YAML: found a tab character that violates indentation (YAML indents with spaces only)"}},
+	{"not utf-8", "version: v1\nmig-configs:\n  a:\n    - devices: all\n      mig-enabled: f\xffalse\n", []string{"line 5, column 21: not UTF-8 (byte 0xFF): the file must be UTF-8 text"}},
+	{"merge of a scalar", "version: v1\nmig-configs:\n  a:\n    - <<: 3\n      devices: all\n      mig-enabled: false\n", []string{"line 4: <<: a merge key takes a map or a list of maps, got \"3\""}},
 	{"mig-devices while disabled", "version: v1\nmig-configs:\n  a:\n    - devices: all\n      mig-enabled: false\n      mig-devices: {\"1g.10gb\": 1}\n", []string{"line 6: layout \"a\", entry 0, mig-devices: set while mig-enabled is false"}},
 	{"mig-devices list", "version: v1\nmig-configs:\n  a:\n    - devices: all\n      mig-enabled: true\n      mig-devices: [1g.10gb]\n", []string{"line 6: layout \"a\", entry 0, mig-devices: must be a map of profile name to count"}},
 	{"bad profile", "version: v1\nmig-configs:\n  a:\n    - devices: all\n      mig-enabled: true\n      mig-devices: {\"1g10gb\": 1}\n", []string{"line 6: layout \"a\", entry 0, mig-devices[\"1g10gb\"]: invalid profile \"1g10gb\": want <g>g.<gb>gb or <c>c.<g>g.<gb>gb, optionally followed by +me, +me.all, +gfx or -me"}},
@@ -64,19 +76,16 @@ var badConfigs = []struct {
 	{"enabled without mig-devices", "version: v1\nmig-configs:\n  a:\n    - devices: all\n      mig-enabled: true\n", []string{"line 4: layout \"a\", entry 0, mig-devices: required when mig-enabled is true (write mig-devices: {} for MIG on with no instances)"}},
 	{"every count 0", "version: v1\nmig-configs:\n  a:\n    - devices: all\n      mig-enabled: true\n      mig-devices: {\"1g.18gb\": 0, \"2g.35gb\": 0}\n", []string{"line 6: layout \"a\", entry 0, mig-devices: every count is 0 (write mig-devices: {} for MIG on with no instances)"}},
 	{"layout twice", "version: v1\nmig-configs:\n  a:\n    - devices: all\n      mig-enabled: false\n  a:\n    - devices: all\n      mig-enabled: false\n", []string{"line 6: layout \"a\": defined twice"}},
-	{"many problems at once", "version: v1\nmig-configs:\n  good:\n    - devices: all\n      mig-enabled: false\n  bad:\n    - devices: [0]\n      mig-enabled: true\n      mig-devices: {\"1g.10gb\": 1}\n    - devices: nope\n      mig-enabled: maybe\n      mig-devices: {\"2g\": 1, \"3g.40gb\": 9}\n", []string{"line 10: layout \"bad\", entry 1, devices: want \"all\" or a list of GPU indices, got \"nope\"", "line 11: layout \"bad\", entry 1, mig-enabled: must be true or false, got \"maybe\"", "line 12: layout \"bad\", entry 1, mig-devices[\"2g\"]: invalid profile \"2g\": want <g>g.<gb>gb or <c>c.<g>g.<gb>gb, optionally followed by +me, +me.all, +gfx or -me", "line 12: layout \"bad\", entry 1, mig-devices[\"3g.40gb\"]: count 9 out of range 0..7"}},
+	{"many problems at once", "version: v1\nmig-configs:\n  good:\n    - devices: all\n      mig-enabled: false\n  bad:\n    - devices: [0]\n      mig-enabled: true\n      mig-devices: {\"1g.10gb\": 1}\n    - devices: nope\n      mig-enabled: maybe\n      mig-devices: {\"2g\": 1, \"3g.40gb\": 9}\n", []string{"line 10: layout \"bad\", entry 1, devices: want \"all\" or a list of GPU indices, got \"nope\"", "line 11: layout \"bad\", entry 1, mig-enabled: must be a boolean (true or false), got \"maybe\"", "line 12: layout \"bad\", entry 1, mig-devices[\"2g\"]: invalid profile \"2g\": want <g>g.<gb>gb or <c>c.<g>g.<gb>gb, optionally followed by +me, +me.all, +gfx or -me", "line 12: layout \"bad\", entry 1, mig-devices[\"3g.40gb\"]: count 9 out of range 0..7"}},
 	// Duplicate keys anywhere: YAML itself lets the last one win.
 	{"entry key twice", "version: v1\nmig-configs:\n  a:\n    - devices: all\n      mig-enabled: true\n      mig-devices: {\"1g.10gb\": 1}\n      mig-devices: {\"1g.10gb\": 7}\n", []string{"line 7: layout \"a\", entry 0: key \"mig-devices\" given twice (first on line 6)"}},
 	{"devices key twice", "version: v1\nmig-configs:\n  a:\n    - devices: all\n      devices: [0]\n      mig-enabled: false\n", []string{"line 5: layout \"a\", entry 0: key \"devices\" given twice (first on line 4)"}},
 	{"top key twice", "version: v1\nmig-configs:\n  a:\n    - devices: all\n      mig-enabled: false\nversion: v1\n", []string{"line 6: key \"version\" given twice (first on line 1)"}},
 	{"mig-configs twice", "version: v1\nmig-configs:\n  a:\n    - devices: all\n      mig-enabled: false\nmig-configs:\n  b:\n    - devices: all\n      mig-enabled: false\n", []string{"line 6: key \"mig-configs\" given twice (first on line 2)"}},
-	// A user layout may not shadow a built-in one.
-	{"shadows all-disabled", "version: v1\nmig-configs:\n  all-disabled:\n    - devices: all\n      mig-enabled: false\n", []string{"line 3: layout \"all-disabled\": shadows the built-in layout of that name; give yours another name"}},
-	{"shadows all-max", "version: v1\nmig-configs:\n  mine:\n    - devices: all\n      mig-enabled: false\n  all-max:\n    - devices: all\n      mig-enabled: true\n", []string{"line 6: layout \"all-max\": shadows the built-in layout of that name; give yours another name"}},
 }
 
 func TestParseRejectsBadConfigs(t *testing.T) {
-	require.GreaterOrEqual(t, len(badConfigs), 53, "the 43 earlier cases, issue 12's 6 and the 4 mig-parted rules")
+	require.GreaterOrEqual(t, len(badConfigs), 57, "the 40 earlier cases, issue 12's 6, the 4 mig-parted rules and issue 20's 7")
 
 	for _, tc := range badConfigs {
 		t.Run(tc.name, func(t *testing.T) {
@@ -102,6 +111,11 @@ func TestParseAcceptsWhatMigPartedAccepts(t *testing.T) {
 		{"filter list lower case", "devices: [1]\n      device-filter: ['0x233510de', \"0x233010DE\"]\n      mig-enabled: false", mig.Entry{Devices: []int{1}, DeviceLines: []int{4}, Filter: []uint32{0x233510DE, 0x233010DE}}},
 		{"enabled, empty mig-devices", "devices: all\n      mig-enabled: true\n      mig-devices: {}", mig.Entry{AllDevices: true, MigEnabled: true, MigDevices: map[string]int{}}},
 		{"disabled, empty mig-devices", "devices: all\n      mig-enabled: false\n      mig-devices: {}", mig.Entry{AllDevices: true, MigDevices: map[string]int{}}},
+		{"!!bool yes", "devices: all\n      mig-enabled: !!bool yes\n      mig-devices: {}", mig.Entry{AllDevices: true, MigEnabled: true, MigDevices: map[string]int{}}},
+		{"yes", "devices: all\n      mig-enabled: yes\n      mig-devices: {}", mig.Entry{AllDevices: true, MigEnabled: true, MigDevices: map[string]int{}}},
+		{"On", "devices: all\n      mig-enabled: On\n      mig-devices: {}", mig.Entry{AllDevices: true, MigEnabled: true, MigDevices: map[string]int{}}},
+		{"off", "devices: all\n      mig-enabled: off", mig.Entry{AllDevices: true}},
+		{"!!bool NO", "devices: all\n      mig-enabled: !!bool NO", mig.Entry{AllDevices: true}},
 		{"some counts 0", "devices: all\n      mig-enabled: true\n      mig-devices: {\"1g.18gb\": 0, \"1c.3g.71gb\": 2}", mig.Entry{AllDevices: true, MigEnabled: true, MigDevices: map[string]int{"1g.18gb": 0, "1c.3g.71gb": 2}}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -119,26 +133,25 @@ func TestParseAcceptsGPUOperatorDefault(t *testing.T) {
 	data, err := os.ReadFile("testdata/gpu-operator-default-mig-config.yaml")
 	require.NoError(t, err)
 
-	// Its all-disabled, all-enabled and all-balanced shadow built-in layouts: rejected, by name
-	// and line, until renamed.
-	_, err = mig.ParseFile("default.yaml", data)
-	var verr *mig.ValidationError
-	require.ErrorAs(t, err, &verr)
-	assert.Equal(t, "default.yaml", verr.File)
-	assert.Equal(t, []string{
-		`line 8: layout "all-disabled": shadows the built-in layout of that name; give yours another name`,
-		`line 12: layout "all-enabled": shadows the built-in layout of that name; give yours another name`,
-		`line 356: layout "all-balanced": shadows the built-in layout of that name; give yours another name`,
-	}, verr.Problems)
-
-	cfg, err := mig.Parse([]byte(renameShadows(string(data))))
+	// Verbatim: its all-disabled, all-enabled and all-balanced win over the built-in layouts
+	// of those names, which stay for users without a file.
+	cfg, err := mig.ParseFile("default.yaml", data)
 	require.NoError(t, err)
+	assert.Equal(t, "default.yaml", cfg.Source)
+
+	all := cfg.WithBuiltins()
+	assert.Equal(t, []string{mig.LayoutAllBalanced, mig.LayoutAllDisabled, mig.LayoutAllEnabled}, all.Overridden)
+	assert.Equal(t, cfg.Layouts[mig.LayoutAllBalanced], all.Layouts[mig.LayoutAllBalanced], "the file's all-balanced")
+	assert.Len(t, all.Layouts, 83, "the file's 81 and the built-in all-1g and all-max")
+	assert.Equal(t, mig.LayoutAll1g, all.Layouts[mig.LayoutAll1g][0].Generic)
+	assert.Empty(t, mig.Builtin().WithBuiltins().Overridden, "the built-ins alone override nothing")
+
 	// The file as GPU Operator v26.3.1 ships it: 81 layouts, the B300 ones (0x318210DE,
 	// 0x31C210DE) included, and all-1g.35gb split by device between H200 and B300.
 	assert.Len(t, cfg.Layouts, 81)
-	assert.Len(t, cfg.Layouts["op-all-balanced"], 12)
-	assert.Equal(t, []uint32{0x20B710DE}, cfg.Layouts["op-all-balanced"][8].Filter)
-	assert.Equal(t, []uint32{0x31C210DE}, cfg.Layouts["op-all-balanced"][11].Filter)
+	assert.Len(t, cfg.Layouts["all-balanced"], 12)
+	assert.Equal(t, []uint32{0x20B710DE}, cfg.Layouts["all-balanced"][8].Filter)
+	assert.Equal(t, []uint32{0x31C210DE}, cfg.Layouts["all-balanced"][11].Filter)
 	require.Len(t, cfg.Layouts["all-1g.35gb"], 2)
 	assert.Equal(t, []uint32{0x233510DE}, cfg.Layouts["all-1g.35gb"][0].Filter)
 	assert.Equal(t, map[string]int{"1g.35gb": 4}, cfg.Layouts["all-1g.35gb"][0].MigDevices)
@@ -203,4 +216,97 @@ func TestErrorsNameTheFile(t *testing.T) {
 		`line 8: layout "two", entry 1, devices[1]: GPU 7 does not exist: the node has 2 GPU(s), indices 0 to 1`,
 	}, verr.Problems)
 	assert.Contains(t, err.Error(), "invalid MIG config /etc/nvidia-driver/mig.yaml (2 problems)")
+}
+
+// TestParseAnchorsAliasesAndMergeKeys: anchors, aliases and merge keys mean what YAML says
+// (yaml.org/type/merge.html): a layout may be an alias of another, an entry may merge a
+// shared map and override its keys, and of several merged maps the first wins.
+func TestParseAnchorsAliasesAndMergeKeys(t *testing.T) {
+	cfg, err := mig.Parse([]byte(`version: v1
+mig-configs:
+  base: &base
+    - devices: all
+      mig-enabled: true
+      mig-devices: &small {"1g.18gb": 7}
+  same: *base
+  merged:
+    - &common
+      devices: all
+      mig-enabled: true
+      mig-devices: *small
+    - <<: *common
+      devices: [1]
+    - <<: [{devices: [2], mig-devices: {"3g.71gb": 2}}, *common]
+    - <<: *common
+      mig-devices:
+        <<: *small
+        "1g.18gb": 3
+        "3g.71gb": 1
+`))
+	require.NoError(t, err)
+
+	small := map[string]int{"1g.18gb": 7}
+	assert.Equal(t, cfg.Layouts["base"][0].MigDevices, cfg.Layouts["same"][0].MigDevices)
+	assert.Equal(t, small, cfg.Layouts["same"][0].MigDevices)
+
+	m := cfg.Layouts["merged"]
+	require.Len(t, m, 4)
+	assert.True(t, m[0].AllDevices)
+	assert.Equal(t, []int{1}, m[1].Devices, "the entry's own devices win")
+	assert.Equal(t, small, m[1].MigDevices)
+	assert.Equal(t, []int{2}, m[2].Devices, "the first merged map wins")
+	assert.Equal(t, map[string]int{"3g.71gb": 2}, m[2].MigDevices)
+	assert.True(t, m[2].MigEnabled)
+	assert.Equal(t, map[string]int{"1g.18gb": 3, "3g.71gb": 1}, m[3].MigDevices)
+	assert.True(t, m[3].MigEnabled)
+}
+
+// TestParseCapsItsProblems: a large file of bad entries gives the first MaxProblems problems
+// and a count, not a message as large as the file; each problem is bounded too.
+func TestParseCapsItsProblems(t *testing.T) {
+	var b strings.Builder
+
+	b.WriteString("version: v1\nmig-configs:\n  bad:\n")
+
+	for i := range 5000 {
+		fmt.Fprintf(&b, "    - devices: [x%d]\n      mig-enabled: maybe\n", i)
+	}
+
+	fmt.Fprintf(&b, "  long:\n    - devices: all\n      mig-enabled: %s\n", strings.Repeat("z", 100000))
+
+	_, err := mig.Parse([]byte(b.String()))
+
+	var verr *mig.ValidationError
+	require.ErrorAs(t, err, &verr)
+	assert.Len(t, verr.Problems, mig.MaxProblems)
+	assert.Equal(t, 10001-mig.MaxProblems, verr.More)
+	assert.Equal(t, `line 4: layout "bad", entry 0, devices[0]: want a GPU index, got "x0"`, verr.Problems[0])
+	assert.Contains(t, err.Error(), "(10001 problems)")
+	assert.True(t, strings.HasSuffix(err.Error(), fmt.Sprintf("\n  - and %d more", 10001-mig.MaxProblems)), err.Error()[len(err.Error())-100:])
+	assert.Less(t, len(err.Error()), 8000)
+
+	_, err = mig.Parse(fmt.Appendf(nil, "version: v1\nmig-configs:\n  long:\n    - devices: all\n      mig-enabled: %s\n", strings.Repeat("z", 100000)))
+	require.ErrorAs(t, err, &verr)
+	require.Len(t, verr.Problems, 1)
+	assert.Less(t, len(verr.Problems[0]), 400)
+}
+
+// TestParseAliasBomb: aliases of aliases that would expand to billions of nodes are read in
+// bounded time, each alias resolved once.
+func TestParseAliasBomb(t *testing.T) {
+	var b strings.Builder
+
+	b.WriteString("a0: &a0 [\"1g.18gb\"]\n")
+
+	for i := 1; i < 30; i++ {
+		fmt.Fprintf(&b, "a%d: &a%d [*a%d, *a%d, *a%d, *a%d]\n", i, i, i-1, i-1, i-1, i-1)
+	}
+
+	b.WriteString("version: v1\nmig-configs:\n  bomb:\n    - devices: *a29\n      mig-enabled: false\n")
+
+	start := time.Now()
+	_, err := mig.Parse([]byte(b.String()))
+	require.Error(t, err)
+	assert.Less(t, time.Since(start), 5*time.Second)
+	assert.Contains(t, err.Error(), `unknown top-level key "a0"`)
 }

@@ -9,7 +9,7 @@ import (
 )
 
 // Built-in generic layouts: valid on any MIG-capable GPU, computed from its
-// own profiles. A file may not define a layout of the same name.
+// own profiles, for users without a file. A file's layout of the same name wins.
 const (
 	LayoutAllDisabled = "all-disabled"
 	LayoutAllEnabled  = "all-enabled"
@@ -37,7 +37,7 @@ func isBuiltin(name string) bool {
 func Builtin() *Config {
 	c := &Config{Layouts: map[string][]Entry{}}
 	for _, name := range BuiltinLayouts() {
-		e := Entry{Layout: name, AllDevices: true, MigEnabled: name != LayoutAllDisabled}
+		e := Entry{Layout: name, AllDevices: true, MigEnabled: name != LayoutAllDisabled, builtin: true}
 		if e.MigEnabled && name != LayoutAllEnabled {
 			e.Generic = name
 		}
@@ -48,15 +48,22 @@ func Builtin() *Config {
 	return c
 }
 
-// WithBuiltins returns c plus the generic layouts it does not define itself.
+// WithBuiltins returns c plus the generic layouts it does not define itself; Overridden
+// names those it does.
 func (c *Config) WithBuiltins() *Config {
 	out := Builtin()
 	if c != nil {
 		out.Source = c.Source
 		for name, entries := range c.Layouts {
+			if isBuiltin(name) && (len(entries) == 0 || !entries[0].builtin) {
+				out.Overridden = append(out.Overridden, name)
+			}
+
 			out.Layouts[name] = entries
 		}
 	}
+
+	sort.Strings(out.Overridden)
 
 	return out
 }
@@ -99,18 +106,12 @@ func PlanLayout(cfg *Config, layout string, gpus []*GPU) (*Plan, error) {
 
 	var problems []string
 
-	selected := 0
-
 	for _, g := range gpus {
 		gp, err := planGPU(entries, g)
 		if err != nil {
 			problems = append(problems, err.Error())
 
 			continue
-		}
-
-		if gp.Selected {
-			selected++
 		}
 
 		plan.GPUs = append(plan.GPUs, gp)
@@ -120,16 +121,32 @@ func PlanLayout(cfg *Config, layout string, gpus []*GPU) (*Plan, error) {
 		return nil, fmt.Errorf("layout %q does not fit: %s", layout, strings.Join(problems, "; "))
 	}
 
-	if selected == 0 && len(gpus) > 0 {
-		ids := make([]string, 0, len(gpus))
-		for _, g := range gpus {
-			ids = append(ids, fmt.Sprintf("GPU %d: 0x%08X", g.Index, g.PciDeviceID))
-		}
+	return plan, nil
+}
 
-		return nil, fmt.Errorf("layout %q selects no GPU of this node (%s)", layout, strings.Join(ids, ", "))
+// Selected counts the GPUs the plan selects. A layout whose device filters match no GPU of
+// the node selects none: nothing to do, as for mig-parted (its apply walks the GPUs and
+// skips each that no entry matches: cmd/nvidia-mig-parted/apply, WalkSelectedMigConfigForEachGPU).
+func (p *Plan) Selected() int {
+	n := 0
+
+	for _, g := range p.GPUs {
+		if g.Selected {
+			n++
+		}
 	}
 
-	return plan, nil
+	return n
+}
+
+// describeGPUs names each GPU with its PCI device id, as device-filter writes it.
+func describeGPUs(gpus []GPUPlan) string {
+	ids := make([]string, 0, len(gpus))
+	for _, g := range gpus {
+		ids = append(ids, fmt.Sprintf("GPU %d: 0x%08X", g.GPU.Index, g.GPU.PciDeviceID))
+	}
+
+	return strings.Join(ids, ", ")
 }
 
 func (c *Config) outOfRange(entries []Entry, count int) []string {
@@ -234,6 +251,10 @@ func generic(name string, g *GPU) (map[string]int, error) {
 			return p, fmt.Errorf("layout %q: %s has no %d-slice profile", name, g.label(), sliceOfIndex(idx))
 		}
 
+		if len(p.Placements) == 0 {
+			return p, fmt.Errorf("layout %q: %s", name, noPlacements(p.Name, g, p))
+		}
+
 		return p, nil
 	}
 
@@ -252,9 +273,21 @@ func generic(name string, g *GPU) (map[string]int, error) {
 
 		return map[string]int{p.Name: n}, nil
 	case LayoutAllBalanced:
+		// NVIDIA's published all-balanced (the GPU Operator's default-mig-parted-config): on
+		// 7-slice GPUs 2 × 1g, 1 × 2g and 1 × 3g; on 4-slice GPUs (A30, RTX PRO 6000
+		// Blackwell) 2 × 1g and 1 × 2g.
+		counts := map[int]int{nvml.GPU_INSTANCE_PROFILE_1_SLICE: 2, nvml.GPU_INSTANCE_PROFILE_2_SLICE: 1}
+
+		switch slices := g.slices(); {
+		case slices >= 7:
+			counts[nvml.GPU_INSTANCE_PROFILE_3_SLICE] = 1
+		case slices < 4:
+			return nil, fmt.Errorf("layout %q: %s has %d compute slices; all-balanced is defined for GPUs of 4 or more", name, g.label(), slices)
+		}
+
 		out := map[string]int{}
 
-		for idx, n := range map[int]int{nvml.GPU_INSTANCE_PROFILE_1_SLICE: 2, nvml.GPU_INSTANCE_PROFILE_2_SLICE: 1, nvml.GPU_INSTANCE_PROFILE_3_SLICE: 1} {
+		for idx, n := range counts {
 			p, err := get(idx)
 			if err != nil {
 				return nil, err
@@ -283,6 +316,24 @@ func generic(name string, g *GPU) (map[string]int, error) {
 	}
 
 	return nil, fmt.Errorf("unknown generic layout %q", name)
+}
+
+// slices is the GPU's number of compute slices: the slice count of its largest profile.
+func (g *GPU) slices() uint32 {
+	var n uint32
+
+	for _, p := range g.Profiles {
+		n = max(n, p.Info.SliceCount)
+	}
+
+	return n
+}
+
+// noPlacements says that NVML lists a profile without any place to put it
+// (nvmlDeviceGetGpuInstancePossiblePlacements returned none).
+func noPlacements(name string, g *GPU, gp GIProfileInfo) string {
+	return fmt.Sprintf("mig-devices[%q]: %s: NVML reports no possible placement for profile %s (GetGpuInstancePossiblePlacements returned none)",
+		name, g.label(), gp.Name)
 }
 
 func sliceOfIndex(idx int) int {
@@ -340,6 +391,12 @@ func requests(e Entry, g *GPU) ([]request, error) {
 		if !ok {
 			problems = append(problems, fmt.Sprintf("mig-devices[%q]: %s has no profile %q; it has %s",
 				name, g.label(), prof.GIName(), strings.Join(g.ProfileNames(), ", ")))
+
+			continue
+		}
+
+		if len(gp.Placements) == 0 {
+			problems = append(problems, noPlacements(name, g, gp))
 
 			continue
 		}
@@ -477,8 +534,8 @@ func solve(g *GPU, reqs []request) (State, error) {
 			return a.Info.SliceCount > b.Info.SliceCount
 		}
 
-		if a.Placements[0].Size != b.Placements[0].Size {
-			return a.Placements[0].Size > b.Placements[0].Size
+		if sa, sb := placementSize(a), placementSize(b); sa != sb {
+			return sa > sb
 		}
 
 		return a.Index < b.Index
@@ -558,6 +615,15 @@ func solve(g *GPU, reqs []request) (State, error) {
 	sort.SliceStable(st.Instances, func(i, j int) bool { return st.Instances[i].Placement.Start < st.Instances[j].Placement.Start })
 
 	return st, nil
+}
+
+// placementSize is the size of a profile's placements (memory slices), 0 with none.
+func placementSize(p GIProfileInfo) uint32 {
+	if len(p.Placements) == 0 {
+		return 0
+	}
+
+	return p.Placements[0].Size
 }
 
 func countOf(reqs []request, id uint32) int {

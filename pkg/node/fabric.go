@@ -46,7 +46,10 @@ type Fabric struct {
 // bring-up, and the node's message once up, to which the fabric is added.
 type fabricJob struct {
 	watchDone chan struct{}
-	readyMsg  string
+	// readyPhase and readyMsg are the node's phase and message without the fabric (ready, or
+	// degraded by the MIG layout), which the fabric's state is laid over as it changes.
+	readyPhase string
+	readyMsg   string
 }
 
 // bringUpFabric runs the NVSwitch job: on a board with NVSwitches it shows the fabric
@@ -346,7 +349,7 @@ func (r *Runner) fabricChanged() {
 		r.log.Error("cannot update the readiness files", "error", err)
 	}
 
-	r.report(r.fabricPhase(PhaseReady, r.fabric.readyMsg))
+	r.report(r.fabricPhase(r.fabric.readyPhase, r.fabric.readyMsg))
 }
 
 // stopFabric waits for the fabric watch, which ends with the runner's context. The fabric

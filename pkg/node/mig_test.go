@@ -1,6 +1,7 @@
 package node_test
 
 import (
+	"fmt"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -21,6 +22,7 @@ import (
 	"github.com/talos-nvidia/nvidia-driver/pkg/gpu"
 	"github.com/talos-nvidia/nvidia-driver/pkg/gpu/sim"
 	"github.com/talos-nvidia/nvidia-driver/pkg/mig"
+	"github.com/talos-nvidia/nvidia-driver/pkg/nfd"
 	"github.com/talos-nvidia/nvidia-driver/pkg/node"
 	"github.com/talos-nvidia/nvidia-driver/pkg/nvmljobs"
 )
@@ -33,6 +35,8 @@ type migNode struct {
 	gpus *sim.Node
 	host string
 	file string
+	// env is added to the service's environment at each run.
+	env []string
 
 	mu          sync.Mutex
 	mutating    []int // GPU index of each mutating call
@@ -91,12 +95,12 @@ func (m *migNode) run(layout string, cdi bool) (node.Status, string) {
 	t := m.t
 	t.Helper()
 
-	cfg, err := config.Load([]string{
+	cfg, err := config.Load(append([]string{
 		"NVIDIA_DRIVER_HOST_ROOT=" + m.host, "NVIDIA_DRIVER_SUBROOT=" + testutil.Subroot(t),
 		"NVIDIA_DRIVER_PERSISTENCED=false", "NVIDIA_DRIVER_MIG_CONFIG=" + m.file,
 		"NVIDIA_DRIVER_MIG_LAYOUT=" + layout, "NVIDIA_DRIVER_CONFIG=" + writeVersionOnly(t),
 		"NVIDIA_DRIVER_CDI=" + map[bool]string{true: "true", false: "false"}[cdi],
-	})
+	}, m.env...))
 	require.NoError(t, err)
 
 	writeProc := func() error {
@@ -301,4 +305,47 @@ func TestNVSwitchA100IsPendingRebootAndTheRebootFinishes(t *testing.T) {
 
 	per, _ = m.calls()
 	assert.Empty(t, per)
+}
+
+// TestLayoutThatCannotBeAppliedLeavesTheGPUsServed: a typo in the file, a layout name it
+// lacks, a profile the GPU does not have and counts that cannot fit never take the GPUs
+// away. The node serves them as they are (device nodes, CDI spec, readiness file), its status
+// is degraded with the layout's problem, the NFD label says mig.config.state=failed, as the
+// GPU Operator's mig-manager leaves a node, and no GPU gets a mutating call.
+func TestLayoutThatCannotBeAppliedLeavesTheGPUsServed(t *testing.T) {
+	for _, tc := range []struct {
+		name, file, layout, problem string
+	}{
+		{"unknown key", "version: v1\nmig-configs:\n  mine:\n    - devices: all\n      mig-enable: true\n      mig-enabled: false\n", "mine",
+			`line 5: layout "mine", entry 0: unknown key "mig-enable"`},
+		{"layout missing", busyLayouts, "frist-two", `MIG layout "frist-two": no layout "frist-two" (layouts: all-1g, all-balanced, all-disabled, all-enabled, all-max, first-two)`},
+		{"profile typo", "version: v1\nmig-configs:\n  mine:\n    - devices: all\n      mig-enabled: true\n      mig-devices: {\"3g.70gb\": 2}\n", "mine",
+			`GPU 0 (NVIDIA H200) has no profile "3g.70gb"`},
+		{"does not fit", "version: v1\nmig-configs:\n  mine:\n    - devices: all\n      mig-enabled: true\n      mig-devices: {\"4g.71gb\": 2}\n", "mine",
+			`4g.71gb requested, the GPU has room for at most 1`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			gpus := sim.New(testutil.Model(t, "h200"), 2)
+			m := newMIGNode(t, gpus, tc.file)
+			m.env = []string{"NVIDIA_DRIVER_NFD_FEATURES_DIR=/etc/nfd"}
+
+			st, logs := m.run(tc.layout, true)
+
+			require.Equal(t, node.PhaseDegraded, st.Phase, logs)
+			assert.Contains(t, st.Message, "node degraded: 2 GPU(s)")
+			assert.Contains(t, st.Message, fmt.Sprintf("MIG layout %q not applied, the GPUs are served as they are: ", tc.layout))
+			assert.Contains(t, st.Message, tc.problem)
+
+			assert.FileExists(t, m.readyFile(), "the GPUs are served")
+			assert.FileExists(t, filepath.Join(m.host, "dev/nvidia1"))
+			assert.Subset(t, m.cdiDevices(), []string{"nvidia.com/gpu=0", "nvidia.com/gpu=1", "nvidia.com/gpu=all"})
+
+			labels, err := os.ReadFile(filepath.Join(m.host, "etc/nfd", nfd.DefaultName))
+			require.NoError(t, err)
+			assert.Contains(t, string(labels), nfd.LabelMIGConfigState+"=failed\n")
+			assert.Contains(t, string(labels), nfd.LabelMIGConfig+"="+tc.layout+"\n")
+
+			assert.Zero(t, gpus.MutatingCalls(), "no GPU was touched")
+		})
+	}
 }

@@ -43,6 +43,9 @@ type Runner struct {
 	persistenced *daemons.Supervisor
 	daemonsDone  chan struct{}
 	fabric       fabricJob // the NVSwitch job (fabric.go)
+	// migProblem is why the configured MIG layout cannot be applied (mig.go); the node then
+	// serves its GPUs as they are.
+	migProblem error
 }
 
 // Option changes a Runner.
@@ -130,17 +133,10 @@ func (r *Runner) bringUp(ctx context.Context) error {
 
 	r.status.update(func(s *Status) { s.DriverVersion = report.DriverVersion }) //nolint:errcheck // reported by report()
 
-	// A bad MIG layout file or name is a configuration error: say so now, before anything is
-	// mounted and before waiting for a driver that may be missing too.
+	// A bad MIG layout file or name is found now, before anything is mounted; it does not
+	// stop the node from serving its GPUs as they are (mig.go).
 	if r.cfg.MIGLayout != "" {
-		cfg, err := mig.LoadFile(r.cfg.MIGConfig)
-		if err != nil {
-			return err
-		}
-
-		if _, err := cfg.Select(r.cfg.MIGLayout); err != nil {
-			return fmt.Errorf("MIG layout %q: %w", r.cfg.MIGLayout, err)
-		}
+		r.checkMIGLayout()
 	}
 
 	// The driver root is the extension's own content: mounting it needs no GPU, and consumers
@@ -182,24 +178,7 @@ func (r *Runner) bringUp(ctx context.Context) error {
 	r.status.update(func(s *Status) { s.GPUs = gpus }) //nolint:errcheck
 
 	if r.cfg.MIGLayout != "" {
-		// A GPU that failed half-way was rolled back to its previous layout; a few more tries
-		// may succeed, then the node comes up with it as it is. A GPU held open is pending and
-		// not retried; a layout that does not fit fails at once.
-		attempts := 0
-
-		err := r.waitFor(ctx, fmt.Sprintf("MIG layout %q", r.cfg.MIGLayout), func() error {
-			attempts++
-
-			err := r.applyMIG(ctx)
-			if err != nil && attempts >= maxMIGAttempts {
-				r.log.Error("MIG layout not applied; the node comes up with the GPUs as they are", "layout", r.cfg.MIGLayout, "attempts", attempts, "error", err)
-
-				return nil
-			}
-
-			return err
-		})
-		if err != nil {
+		if err := r.bringUpMIG(ctx); err != nil {
 			return err
 		}
 
@@ -242,15 +221,11 @@ func (r *Runner) bringUp(ctx context.Context) error {
 		return err
 	}
 
-	r.labelNode(migState(r.status.get().MIG))
+	r.labelNode(r.migNodeState())
 
-	msg := fmt.Sprintf("node ready: %d GPU(s), driver %s", len(gpus), report.DriverVersion)
-	if state := migState(r.status.get().MIG); state != "" {
-		msg += fmt.Sprintf(", MIG layout %q: %s%s", r.cfg.MIGLayout, state, migDetail(r.status.get().MIG))
-	}
-
-	r.fabric.readyMsg = msg
-	r.report(r.fabricPhase(PhaseReady, msg))
+	phase, msg := r.migPhase(PhaseReady, fmt.Sprintf("node ready: %d GPU(s), driver %s", len(gpus), report.DriverVersion))
+	r.fabric.readyPhase, r.fabric.readyMsg = phase, msg
+	r.report(r.fabricPhase(phase, msg))
 	r.watchFabric(ctx)
 
 	return nil
@@ -447,9 +422,11 @@ type readinessSummary struct {
 	DriverVersion string         `json:"driverVersion"`
 	GPUs          []readinessGPU `json:"gpus"`
 	MIGLayout     string         `json:"migLayout,omitempty"`
-	MIG           []readinessMIG `json:"mig,omitempty"`
-	CDISpec       string         `json:"cdiSpec,omitempty"`
-	Fabric        string         `json:"fabric,omitempty"`
+	// MIGState is the layout's outcome, as the mig.config.state label says it.
+	MIGState string         `json:"migState,omitempty"`
+	MIG      []readinessMIG `json:"mig,omitempty"`
+	CDISpec  string         `json:"cdiSpec,omitempty"`
+	Fabric   string         `json:"fabric,omitempty"`
 }
 
 type readinessGPU struct {
@@ -457,6 +434,9 @@ type readinessGPU struct {
 	UUID  string `json:"uuid"`
 	Name  string `json:"name"`
 	MIG   string `json:"mig,omitempty"`
+	// MIGDevices change whenever instances are made again (new UUIDs), so the file's bytes
+	// change with the set of devices, which is what makes driver-watch restart the plugin.
+	MIGDevices []gpu.MIGDevice `json:"migDevices,omitempty"`
 }
 
 type readinessMIG struct {
@@ -466,13 +446,13 @@ type readinessMIG struct {
 
 func (r *Runner) readiness() readinessSummary {
 	st := r.status.get()
-	sum := readinessSummary{DriverVersion: st.DriverVersion, MIGLayout: r.cfg.MIGLayout, CDISpec: st.CDISpec}
+	sum := readinessSummary{DriverVersion: st.DriverVersion, MIGLayout: r.cfg.MIGLayout, MIGState: r.migNodeState(), CDISpec: st.CDISpec}
 	if st.Fabric != nil {
 		sum.Fabric = st.Fabric.State
 	}
 
 	for _, g := range st.GPUs {
-		sum.GPUs = append(sum.GPUs, readinessGPU{Index: g.Index, UUID: g.UUID, Name: g.Name, MIG: g.MIG})
+		sum.GPUs = append(sum.GPUs, readinessGPU{Index: g.Index, UUID: g.UUID, Name: g.Name, MIG: g.MIG, MIGDevices: g.MIGDevices})
 	}
 
 	for _, m := range st.MIG {

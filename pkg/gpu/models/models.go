@@ -82,7 +82,7 @@ type file struct {
 	Architecture   string `json:"architecture"`
 	CudaCapability string `json:"cudaComputeCapability"`
 	PciDeviceID    string `json:"pciDeviceId"`
-	PciSubsystemID string `json:"pciSubsystemId"`
+	PciSubsystemID string `json:"pciSubsystemId,omitempty"`
 	MemoryBytes    uint64 `json:"memoryBytes"`
 	MigModeChange  string `json:"migModeChange"`
 	Source         string `json:"source"`
@@ -195,9 +195,12 @@ func parse(data []byte) (Model, error) {
 		return Model{}, fmt.Errorf("pciDeviceId: %w", err)
 	}
 
-	sub, err := pciID(f.PciSubsystemID)
-	if err != nil {
-		return Model{}, fmt.Errorf("pciSubsystemId: %w", err)
+	// A model's sources do not always name its subsystem id: 0 then.
+	var sub uint32
+	if f.PciSubsystemID != "" {
+		if sub, err = pciID(f.PciSubsystemID); err != nil {
+			return Model{}, fmt.Errorf("pciSubsystemId: %w", err)
+		}
 	}
 
 	if f.MigModeChange != ModeResetByNVML && f.MigModeChange != ModePendingUntilReset {

@@ -16,7 +16,7 @@ import (
 // TestEveryModelLoads: each data file parses strictly, says where its numbers come from, and
 // has compute profiles for every GPU-instance size it lists.
 func TestEveryModelLoads(t *testing.T) {
-	require.Equal(t, []string{"a100-40gb", "a100-80gb", "h100-80gb", "h200"}, models.Keys())
+	require.Equal(t, []string{"a100-40gb", "a100-80gb", "a30", "h100-80gb", "h200"}, models.Keys())
 
 	for _, key := range models.Keys() {
 		m, err := models.Lookup(key)
@@ -34,7 +34,7 @@ func TestEveryModelLoads(t *testing.T) {
 	}
 
 	_, err := models.Lookup("t4")
-	require.EqualError(t, err, `unknown GPU model "t4" (known: a100-40gb, a100-80gb, h100-80gb, h200)`)
+	require.EqualError(t, err, `unknown GPU model "t4" (known: a100-40gb, a100-80gb, a30, h100-80gb, h200)`)
 }
 
 // TestH200IsTheFixture: the H200 file's GPU-instance profiles are the measured fixture's, unchanged.

@@ -18,7 +18,7 @@ import (
 	"github.com/talos-nvidia/nvidia-driver/pkg/gpu/sim"
 )
 
-// TestTablesMatchGoNVMLMock checks the A100 and H100 tables against go-nvml's
+// TestTablesMatchGoNVMLMock checks the A100, A30 and H100 tables against go-nvml's
 // mock/gpus, an independent source. The mock's H100 has two known errors,
 // checked instead against the real H200 (same GH100 die and slice geometry):
 // 1g.20gb placements (mock: 7 one-slice slots), and the 3g.40gb and 7g.80gb
@@ -33,6 +33,7 @@ func TestTablesMatchGoNVMLMock(t *testing.T) {
 		{"a100-40gb", gpus.A100_SXM4_40GB},
 		{"a100-80gb", gpus.A100_SXM4_80GB},
 		{"h100-80gb", gpus.H100_SXM5_80GB},
+		{"a30", gpus.A30_PCIE_24GB},
 	} {
 		t.Run(tc.key, func(t *testing.T) {
 			m := testutil.Model(t, tc.key)

@@ -114,6 +114,12 @@ func RunPlanCLI(args []string, stdout, stderr io.Writer) int {
 		return 0
 	}
 
+	if plan.Selected() == 0 {
+		fmt.Fprintf(stdout, "layout %q selects no %s GPU (its device filters match none): nothing to do\n", plan.Layout, spec.Key)
+
+		return 0
+	}
+
 	fmt.Fprintf(stdout, "layout %q fits on %d × %s (%s):\n", plan.Layout, *count, spec.Key, spec.Name)
 
 	for _, g := range plan.GPUs {

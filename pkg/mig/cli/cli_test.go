@@ -56,7 +56,7 @@ func TestPlanFailures(t *testing.T) {
 		want string
 	}{
 		{[]string{"--gpu", "a100-40gb", "--select", "all-balanced"}, 0, "layout \"all-balanced\" fits on 1 × a100-40gb (NVIDIA A100-SXM4-40GB):\n  GPU 0: MIG on: 2g.10gb@0[2g.10gb] 1g.5gb@2[1g.5gb] 1g.5gb@3[1g.5gb] 3g.20gb@4[3g.20gb]\n"},
-		{[]string{"--gpu", "t4", "--select", "all-max"}, 2, "mig plan: unknown GPU model \"t4\" (known: a100-40gb, a100-80gb, h100-80gb, h200)\n"},
+		{[]string{"--gpu", "t4", "--select", "all-max"}, 2, "mig plan: unknown GPU model \"t4\" (known: a100-40gb, a100-80gb, a30, h100-80gb, h200)\n"},
 		{[]string{"--gpu", "h200"}, 2, "mig plan: --select is required\n"},
 		{[]string{"--gpu", "h200", "--select", "mixed"}, 1, "mig plan: no layout \"mixed\" (layouts: all-1g, all-balanced, all-disabled, all-enabled, all-max)\n"},
 	} {
@@ -104,5 +104,23 @@ func BenchmarkPlanBuiltins(b *testing.B) {
 				}
 			})
 		}
+	}
+}
+
+// TestPlanNVIDIAFileVerbatim: the GPU Operator's default file as it ships: its all-balanced
+// wins over the built-in one, and a layout for other models is nothing to do.
+func TestPlanNVIDIAFileVerbatim(t *testing.T) {
+	const file = "../testdata/gpu-operator-default-mig-config.yaml"
+
+	for _, tc := range []struct {
+		layout, want string
+	}{
+		{"all-balanced", "layout \"all-balanced\" fits on 1 × h200 (NVIDIA H200):\n  GPU 0: MIG on: 2g.35gb@0[2g.35gb] 1g.18gb@2[1g.18gb] 1g.18gb@3[1g.18gb] 3g.71gb@4[3g.71gb]\n"},
+		{"all-1g.10gb", "layout \"all-1g.10gb\" selects no h200 GPU (its device filters match none): nothing to do\n"},
+	} {
+		var out, errOut bytes.Buffer
+		code := cli.RunPlanCLI([]string{"--gpu", "h200", "--config", file, "--select", tc.layout}, &out, &errOut)
+		require.Equal(t, 0, code, errOut.String())
+		assert.Equal(t, tc.want, out.String())
 	}
 }
