@@ -156,7 +156,9 @@ func (r *Runner) bringUp(ctx context.Context) error {
 		return err
 	}
 
-	if err := r.syncDeviceNodes(); err != nil {
+	// /proc can lag the module's load, and a person can fix /dev: a failed sync is tried
+	// again with backoff, and each distinct error reported once.
+	if err := r.waitFor(ctx, "the NVIDIA device nodes", r.syncDeviceNodes); err != nil {
 		return err
 	}
 

@@ -213,3 +213,73 @@ func TestMIGJobThatDiedAfterTheChangeLeavesNoDeviceNodeMissing(t *testing.T) {
 	assert.Empty(t, now.Created, "device nodes the driver offers were missing after bring-up")
 	assert.Equal(t, len(now.Nodes), st.DeviceNodes, "the status counts the device nodes there are")
 }
+
+// TestDeviceNodeErrorIsRetried: /proc/devices lists no nvidia device yet while the driver's
+// version file is there (the module is still loading); the runner reports the wait once and
+// comes up when /proc is right, without a restart.
+func TestDeviceNodeErrorIsRetried(t *testing.T) {
+	testutil.RequireRoot(t)
+
+	gpus := sim.New(testutil.Model(t, "h100-80gb"), 1)
+	host := t.TempDir()
+	target := filepath.Join(host, "run/nvidia/driver")
+	t.Cleanup(func() { unix.Unmount(target, unix.MNT_DETACH) }) //nolint:errcheck
+
+	require.Equal(t, nvml.SUCCESS, gpus.Init())
+	require.NoError(t, sim.WriteProcFS(host, gpus))
+	require.Equal(t, nvml.SUCCESS, gpus.Shutdown())
+
+	devices := filepath.Join(host, "proc/devices")
+	good, err := os.ReadFile(devices)
+	require.NoError(t, err)
+	require.NoError(t, os.Remove(devices))
+	require.NoError(t, os.WriteFile(devices, []byte("Character devices:\n  1 mem\n\nBlock devices:\n  8 sd\n"), 0o444))
+
+	cfg, err := config.Load([]string{
+		"NVIDIA_DRIVER_HOST_ROOT=" + host, "NVIDIA_DRIVER_SUBROOT=" + testutil.Subroot(t),
+		"NVIDIA_DRIVER_PERSISTENCED=false", "NVIDIA_DRIVER_CDI=false", "NVIDIA_DRIVER_CONFIG=" + writeVersionOnly(t),
+	})
+	require.NoError(t, err)
+
+	logs := &testutil.SyncBuffer{}
+	log := slog.New(slog.NewTextHandler(logs, nil))
+	r := node.New(log, cfg, &nvmljobs.Local{Log: log, NVML: gpus, Resetter: gpus}, node.WithBackoff(node.Backoff{Initial: 5 * time.Millisecond, Max: 10 * time.Millisecond}))
+
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+
+	go func() { done <- r.Run(ctx) }()
+
+	defer func() { cancel(); require.NoError(t, <-done) }()
+
+	waitFor := func(what string, cond func(node.Status) bool) node.Status {
+		deadline := time.Now().Add(10 * time.Second)
+		for time.Now().Before(deadline) {
+			if st := r.Status(); cond(st) {
+				return st
+			}
+
+			time.Sleep(2 * time.Millisecond)
+		}
+
+		t.Fatalf("%s not reached: %+v\n%s", what, r.Status(), logs)
+
+		return node.Status{}
+	}
+
+	st := waitFor("the wait for device nodes", func(st node.Status) bool {
+		return st.Phase != "" && st.Phase != node.PhaseStarting && (st.Phase != node.PhaseWaiting || strings.Contains(st.Message, "device nodes"))
+	})
+	require.Equal(t, node.PhaseWaiting, st.Phase, st.Message)
+	assert.Contains(t, st.Message, "waiting for the NVIDIA device nodes")
+	assert.Contains(t, st.Message, "lists no nvidia character device")
+
+	time.Sleep(100 * time.Millisecond) // some twenty retries
+	// Renamed into place: the runner never sees the file missing.
+	require.NoError(t, os.WriteFile(devices+".new", good, 0o444))
+	require.NoError(t, os.Rename(devices+".new", devices))
+
+	waitFor("ready", func(st node.Status) bool { return st.Phase == node.PhaseReady })
+	assert.Equal(t, 1, strings.Count(logs.String(), "waiting for the NVIDIA device nodes"), "the wait is reported once:\n%s", logs)
+	assert.FileExists(t, filepath.Join(host, "dev/nvidia0"))
+}
