@@ -48,7 +48,7 @@ type HGXOptions struct {
 	RegisterAfter time.Duration
 }
 
-// NewHGX builds the board and points the fake daemon's environment at it.
+// NewHGX builds the board and points the fake daemon's settings at it.
 func NewHGX(t *testing.T, o HGXOptions) *HGX {
 	t.Helper()
 	RequireRoot(t)
@@ -120,9 +120,12 @@ func NewHGX(t *testing.T, o HGXOptions) *HGX {
 		must(t, sim.WriteNVSwitchFS(b.Host, o.Switches))
 	}
 
-	t.Setenv("FAKEDAEMON_CONTROL", b.Control)
-	t.Setenv("FAKEDAEMON_ARGS", b.Args)
-	t.Setenv("FAKEDAEMON_DEV", filepath.Join(b.Host, "dev"))
+	// The supervisor passes a daemon none of its own environment: the fake reads its
+	// settings from the file next to it.
+	if !o.NoBinary {
+		env := fmt.Sprintf("FAKEDAEMON_CONTROL=%s\nFAKEDAEMON_ARGS=%s\nFAKEDAEMON_DEV=%s\n", b.Control, b.Args, filepath.Join(b.Host, "dev"))
+		must(t, os.WriteFile(filepath.Join(b.Subroot, "usr/bin/nv-fabricmanager.env"), []byte(env), 0o644))
+	}
 
 	return b
 }
