@@ -165,15 +165,7 @@ func overlaySubroot(t *testing.T, dir string, noBinary bool, apiPort int) string
 	}
 
 	if !noBinary {
-		bin := filepath.Join(t.TempDir(), "nv-fabricmanager")
-		cmd := exec.Command("go", "build", "-o", bin, "github.com/talos-nvidia/nvidia-driver/pkg/daemons/internal/fakedaemon")
-		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
-
-		if out, err := cmd.CombinedOutput(); err != nil {
-			t.Fatalf("build the fake daemon: %v: %s", err, out)
-		}
-
-		data, err := os.ReadFile(bin)
+		data, err := os.ReadFile(FakeDaemon(t))
 		must(t, err)
 		must(t, os.WriteFile(filepath.Join(upper, "usr/bin/nv-fabricmanager"), data, 0o755))
 	}
@@ -287,4 +279,20 @@ func (fm *FabricManagerService) WaitState(t *testing.T, states ...string) fabric
 	t.Fatalf("the fabric manager service never reached %v: %s: %s\n%s", states, fm.Svc.Status().State, fm.Svc.Status().Message, fm.Logs)
 
 	return fabricmanager.Status{}
+}
+
+// FakeDaemon builds the fake daemon (pkg/daemons/internal/fakedaemon), which acts as
+// nvidia-persistenced or, given -c, as nv-fabricmanager, and returns its path.
+func FakeDaemon(t *testing.T) string {
+	t.Helper()
+
+	bin := filepath.Join(t.TempDir(), "fakedaemon")
+	cmd := exec.Command("go", "build", "-o", bin, "github.com/talos-nvidia/nvidia-driver/pkg/daemons/internal/fakedaemon")
+	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("build the fake daemon: %v: %s", err, out)
+	}
+
+	return bin
 }

@@ -29,8 +29,11 @@ type SyslogSink struct {
 	conn *net.UnixConn
 
 	mu   sync.Mutex
-	last map[string]string // the last message of each tag
+	last map[string]lastLines // by tag
 }
+
+// lastLines are a daemon's last message and its last one of severity warning or worse.
+type lastLines struct{ any, bad string }
 
 // syslogTags are the syslog tags of the daemons we run that log to syslog:
 // nvidia-persistenced openlog()s with its name (nv-fabricmanager logs to its stderr,
@@ -74,14 +77,19 @@ func ListenSyslog(logger *slog.Logger, path string) (*SyslogSink, error) {
 		_ = conn.Close()
 		return nil, fmt.Errorf("syslog socket %s: %w", path, err)
 	}
-	return &SyslogSink{log: logger, path: path, conn: conn, last: map[string]string{}}, nil
+	return &SyslogSink{log: logger, path: path, conn: conn, last: map[string]lastLines{}}, nil
 }
 
-// LastLine returns the last message the daemon with this syslog tag sent, "" if none.
+// LastLine returns the last message of severity warning or worse that the daemon with this
+// syslog tag sent, else its last message, "" if none: what says why a daemon is down
+// ("Failed to query NVIDIA devices"), not its "Shutdown" that follows.
 func (s *SyslogSink) LastLine(tag string) string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return s.last[tag]
+	if l := s.last[tag]; l.bad != "" {
+		return l.bad
+	}
+	return s.last[tag].any
 }
 
 // Path is where the sink listens.
@@ -134,7 +142,12 @@ func (s *SyslogSink) Serve(ctx context.Context) error {
 			continue
 		}
 		s.mu.Lock()
-		s.last[m.Tag] = m.Message
+		l := s.last[m.Tag]
+		l.any = m.Message
+		if m.Severity <= 4 {
+			l.bad = m.Message
+		}
+		s.last[m.Tag] = l
 		s.mu.Unlock()
 		attrs := []any{"source", "syslog", "tag", m.Tag}
 		if m.PID != 0 {
