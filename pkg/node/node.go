@@ -206,6 +206,16 @@ func (r *Runner) bringUp(ctx context.Context) error {
 		var err error
 
 		gpus, err = r.jobs.ListGPUs(ctx)
+		if err == nil {
+			return nil
+		}
+
+		// NVML sees no GPU and says no more when the loaded module flavor cannot drive the
+		// node's GPUs; the module changes only with another extension and a reboot.
+		var undriven *gpu.UndrivenError
+		if errors.As(gpu.CheckDriven(r.cfg.HostRoot), &undriven) {
+			return permanent(undriven)
+		}
 
 		return err
 	})

@@ -13,17 +13,14 @@ import (
 	"testing"
 	"time"
 
-	"github.com/NVIDIA/go-nvml/pkg/nvml"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"golang.org/x/sys/unix"
 
 	"github.com/talos-nvidia/nvidia-driver/internal/testutil"
-	"github.com/talos-nvidia/nvidia-driver/pkg/config"
 	"github.com/talos-nvidia/nvidia-driver/pkg/daemons"
 	"github.com/talos-nvidia/nvidia-driver/pkg/gpu/sim"
 	"github.com/talos-nvidia/nvidia-driver/pkg/node"
-	"github.com/talos-nvidia/nvidia-driver/pkg/nvmljobs"
 )
 
 const envInNamespace = "NODE_TEST_IN_MOUNT_NAMESPACE"
@@ -94,22 +91,8 @@ func startPersistencedNode(t *testing.T, mode string, opts daemons.Options) *per
 	require.NoError(t, unix.Mount("overlay", subroot, "overlay", 0, fmt.Sprintf("lowerdir=%s,upperdir=%s,workdir=%s", testutil.Subroot(t), upper, work)))
 	t.Cleanup(func() { unix.Unmount(subroot, unix.MNT_DETACH) }) //nolint:errcheck
 
-	target := filepath.Join(host, "run/nvidia/driver")
-	t.Cleanup(func() {
-		unix.Unmount(filepath.Join(target, "dev"), unix.MNT_DETACH)
-		unix.Unmount(target, unix.MNT_DETACH)
-	}) //nolint:errcheck
-
 	gpus := sim.New(testutil.Model(t, "h100-80gb"), 1)
-	require.Equal(t, nvml.SUCCESS, gpus.Init())
-	require.NoError(t, sim.WriteProcFS(host, gpus))
-	require.Equal(t, nvml.SUCCESS, gpus.Shutdown())
-
-	cfg, err := config.Load([]string{
-		"NVIDIA_DRIVER_HOST_ROOT=" + host, "NVIDIA_DRIVER_SUBROOT=" + subroot,
-		"NVIDIA_DRIVER_PERSISTENCED=true", "NVIDIA_DRIVER_CDI=false", "NVIDIA_DRIVER_CONFIG=" + writeVersionOnly(t),
-	})
-	require.NoError(t, err)
+	writeSimHost(t, host, gpus)
 
 	log := slog.New(slog.NewTextHandler(n.logs, nil))
 
@@ -121,9 +104,7 @@ func startPersistencedNode(t *testing.T, mode string, opts daemons.Options) *per
 
 	go func() { defer close(sinkDone); sink.Serve(sinkCtx) }() //nolint:errcheck
 
-	n.r = node.New(log, cfg, &nvmljobs.Local{Log: log, NVML: gpus, Resetter: gpus},
-		node.WithBackoff(node.Backoff{Initial: 5 * time.Millisecond, Max: 10 * time.Millisecond}),
-		node.WithDaemonOptions(opts), node.WithDaemonLog(sink.LastLine))
+	n.r = simRunner(t, host, subroot, gpus, n.logs, node.WithDaemonOptions(opts), node.WithDaemonLog(sink.LastLine))
 
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
