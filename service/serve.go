@@ -33,7 +33,10 @@ func serve(ctx context.Context, log *slog.Logger, cfg config.Config, stderr io.W
 
 	// nvidia-persistenced logs only to syslog. Read /dev/log ourselves, so its lines show in
 	// `talosctl logs ext-nvidia-driver`, unless a syslog reader already serves it (then its
-	// lines go there). The reader outlives the runner so that the daemon's last lines get in.
+	// lines go there). The reader outlives the runner so that the daemon's last lines get in;
+	// the runner shows the last one in the status while the daemon is down.
+	var opts []node.Option
+
 	if cfg.Persistenced {
 		sink, err := daemons.ListenSyslog(log, cfg.Host("/dev/log"))
 		if err != nil {
@@ -51,10 +54,12 @@ func serve(ctx context.Context, log *slog.Logger, cfg config.Config, stderr io.W
 			}()
 
 			defer func() { stopSink(); <-done }()
+
+			opts = append(opts, node.WithDaemonLog(sink.LastLine))
 		}
 	}
 
-	return node.New(log, cfg, jobs).Run(ctx)
+	return node.New(log, cfg, jobs, opts...).Run(ctx)
 }
 
 // childJobs runs NVML jobs in child processes of this binary (`nvidia-driver nvml-job`).

@@ -48,7 +48,7 @@ type HGXOptions struct {
 	RegisterAfter time.Duration
 }
 
-// NewHGX builds the board and points the fake daemon's environment at it.
+// NewHGX builds the board and points the fake daemon's settings at it.
 func NewHGX(t *testing.T, o HGXOptions) *HGX {
 	t.Helper()
 	RequireRoot(t)
@@ -120,9 +120,12 @@ func NewHGX(t *testing.T, o HGXOptions) *HGX {
 		must(t, sim.WriteNVSwitchFS(b.Host, o.Switches))
 	}
 
-	t.Setenv("FAKEDAEMON_CONTROL", b.Control)
-	t.Setenv("FAKEDAEMON_ARGS", b.Args)
-	t.Setenv("FAKEDAEMON_DEV", filepath.Join(b.Host, "dev"))
+	// The supervisor passes a daemon none of its own environment: the fake reads its
+	// settings from the file next to it.
+	if !o.NoBinary {
+		env := fmt.Sprintf("FAKEDAEMON_CONTROL=%s\nFAKEDAEMON_ARGS=%s\nFAKEDAEMON_DEV=%s\n", b.Control, b.Args, filepath.Join(b.Host, "dev"))
+		must(t, os.WriteFile(filepath.Join(b.Subroot, "usr/bin/nv-fabricmanager.env"), []byte(env), 0o644))
+	}
 
 	return b
 }
@@ -162,15 +165,7 @@ func overlaySubroot(t *testing.T, dir string, noBinary bool, apiPort int) string
 	}
 
 	if !noBinary {
-		bin := filepath.Join(t.TempDir(), "nv-fabricmanager")
-		cmd := exec.Command("go", "build", "-o", bin, "github.com/talos-nvidia/nvidia-driver/pkg/daemons/internal/fakedaemon")
-		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
-
-		if out, err := cmd.CombinedOutput(); err != nil {
-			t.Fatalf("build the fake daemon: %v: %s", err, out)
-		}
-
-		data, err := os.ReadFile(bin)
+		data, err := os.ReadFile(FakeDaemon(t))
 		must(t, err)
 		must(t, os.WriteFile(filepath.Join(upper, "usr/bin/nv-fabricmanager"), data, 0o755))
 	}
@@ -284,4 +279,20 @@ func (fm *FabricManagerService) WaitState(t *testing.T, states ...string) fabric
 	t.Fatalf("the fabric manager service never reached %v: %s: %s\n%s", states, fm.Svc.Status().State, fm.Svc.Status().Message, fm.Logs)
 
 	return fabricmanager.Status{}
+}
+
+// FakeDaemon builds the fake daemon (pkg/daemons/internal/fakedaemon), which acts as
+// nvidia-persistenced or, given -c, as nv-fabricmanager, and returns its path.
+func FakeDaemon(t *testing.T) string {
+	t.Helper()
+
+	bin := filepath.Join(t.TempDir(), "fakedaemon")
+	cmd := exec.Command("go", "build", "-o", bin, "github.com/talos-nvidia/nvidia-driver/pkg/daemons/internal/fakedaemon")
+	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("build the fake daemon: %v: %s", err, out)
+	}
+
+	return bin
 }

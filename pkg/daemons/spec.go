@@ -22,7 +22,8 @@ type Spec struct {
 	// command forks a daemon and exits 0 once that daemon is ready (or non-zero if it failed).
 	Path string
 	Args []string
-	// Env is appended to the supervisor's environment.
+	// Env is the daemon's environment besides PATH (see environ); the supervisor's own is
+	// not passed on.
 	Env []string
 	// Foreground: the command is the daemon itself and stays in the foreground. The
 	// supervisor is then its parent: it reads its output into the log, collects its exit
@@ -54,6 +55,19 @@ type Spec struct {
 	// returns why no restart can help, or "": the supervisor then gives up at once rather
 	// than restart a daemon that can never run on this machine.
 	NoRetry func(failure string) (reason string)
+}
+
+// daemonPath is the PATH a daemon gets. It runs from the subroot through its loader, by
+// absolute paths, and needs no other variable: no LD_LIBRARY_PATH (the loader gets
+// --library-path), no HOME, no locale.
+const daemonPath = "PATH=/usr/sbin:/usr/bin:/sbin:/bin"
+
+// environ is the whole environment of the daemon: PATH and Spec.Env. The service's own
+// environment is not passed on: Talos fills it from the ExtensionServiceConfig document and
+// the container spec, and whatever is there (LD_PRELOAD, LD_LIBRARY_PATH, GODEBUG, a
+// proxy) would reach NVIDIA's daemons, which run as root with the GPUs open.
+func (s Spec) environ() []string {
+	return append([]string{daemonPath}, s.Env...)
 }
 
 // Validate reports every problem with the spec at once.

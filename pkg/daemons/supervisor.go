@@ -528,7 +528,7 @@ func (s *Supervisor) start(ctx context.Context) (*proc, error) {
 	}
 	out := &tailBuffer{max: 2048}
 	cmd := exec.Command(s.spec.Path, s.spec.Args...)
-	cmd.Env = append(os.Environ(), s.spec.Env...)
+	cmd.Env = s.spec.environ()
 	cmd.Stdout, cmd.Stderr = out, out
 	// Its own process group, so that a stuck starter can be killed with
 	// everything it forked that did not leave the group (the daemon does, by setsid).
@@ -610,7 +610,7 @@ func (s *Supervisor) startForeground(ctx context.Context) (*proc, error) {
 		return nil, fmt.Errorf("%s: output pipe: %w", s.spec.Name, err)
 	}
 	cmd := exec.Command(s.spec.Path, s.spec.Args...)
-	cmd.Env = append(os.Environ(), s.spec.Env...)
+	cmd.Env = s.spec.environ()
 	cmd.Stdout, cmd.Stderr = w, w
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	s.log.Debug("starting", "cmd", cmd.String())

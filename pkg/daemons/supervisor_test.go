@@ -432,3 +432,28 @@ func TestSpecErrors(t *testing.T) {
 	assert.ErrorContains(t, err, `socket "s" is not an absolute path`)
 	assert.Equal(t, daemons.StateFailed, s.Status().State)
 }
+
+// TestDaemonGetsAMinimalEnvironment: what the service's environment holds (an LD_PRELOAD
+// from a document's environment, say) does not reach the daemon; it gets PATH and its
+// spec's Env only.
+func TestDaemonGetsAMinimalEnvironment(t *testing.T) {
+	f := newFixture(t, "ok")
+	envFile := filepath.Join(shortTempDir(t), "env")
+	f.spec.Env = append(f.spec.Env, "FAKEDAEMON_ENV="+envFile)
+	t.Setenv("LD_PRELOAD", "/nonexistent/libleak.so")
+	t.Setenv("NVIDIA_DRIVER_LEAK_CHECK", "1")
+
+	s, stop := f.run(t, fast)
+	waitReady(t, s)
+	require.NoError(t, stop())
+
+	data, err := os.ReadFile(envFile)
+	require.NoError(t, err)
+	env := strings.Fields(string(data))
+	assert.Contains(t, env, "PATH=/usr/sbin:/usr/bin:/sbin:/bin")
+	assert.Contains(t, env, "FAKEDAEMON_ENV="+envFile, "the spec's Env is passed")
+
+	for _, kv := range env {
+		assert.False(t, strings.HasPrefix(kv, "LD_PRELOAD=") || strings.HasPrefix(kv, "NVIDIA_DRIVER_LEAK_CHECK="), "the service's %s reached the daemon", kv)
+	}
+}

@@ -8,8 +8,10 @@ import (
 	"log/slog"
 	"net"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 )
 
@@ -17,11 +19,35 @@ import (
 // lines of daemons that log nowhere else (nvidia-persistenced) and forwards
 // them to a slog logger. Talos runs no syslog reader in an extension service's
 // mount namespace, so without it those lines are lost.
+//
+// The socket is the host's /dev/log (the service's /dev is the host's), so it takes
+// only what our daemons send: lines tagged as one of them, at most syslogBurst at once
+// and syslogRate a second after that; the rest is dropped and counted.
 type SyslogSink struct {
 	log  *slog.Logger
 	path string
 	conn *net.UnixConn
+
+	mu   sync.Mutex
+	last map[string]lastLines // by tag
 }
+
+// lastLines are a daemon's last message and its last one of severity warning or worse.
+type lastLines struct{ any, bad string }
+
+// syslogTags are the syslog tags of the daemons we run that log to syslog:
+// nvidia-persistenced openlog()s with its name (nv-fabricmanager logs to its stderr,
+// LOG_USE_SYSLOG=0, see FabricManager).
+func syslogTags() []string { return []string{"nvidia-persistenced"} }
+
+// The rate limit: nvidia-persistenced logs a few lines a start, and some a second with
+// --verbose; a flood from elsewhere must not fill the service's log.
+const (
+	syslogBurst = 100
+	syslogRate  = 20 // lines a second once the burst is spent
+	// syslogDropReport is how often drops are reported while they go on.
+	syslogDropReport = time.Minute
+)
 
 // ListenSyslog listens on path (normally /dev/log inside the service). It
 // refuses to replace a socket that someone answers on, or anything that is
@@ -43,12 +69,27 @@ func ListenSyslog(logger *slog.Logger, path string) (*SyslogSink, error) {
 	if err != nil {
 		return nil, fmt.Errorf("syslog socket %s: %w", path, err)
 	}
-	// Daemons may drop privileges (--user); let them write.
-	if err := os.Chmod(path, 0o666); err != nil {
+	// Sending to a UNIX socket needs write permission on it. Our daemons run as root
+	// (nvidia-persistenced gets no --user), so the owner's is the only write permission
+	// it needs; 0666, the mode of a host's syslog socket, would let every user of the
+	// host write into the service's log.
+	if err := os.Chmod(path, 0o600); err != nil {
 		_ = conn.Close()
 		return nil, fmt.Errorf("syslog socket %s: %w", path, err)
 	}
-	return &SyslogSink{log: logger, path: path, conn: conn}, nil
+	return &SyslogSink{log: logger, path: path, conn: conn, last: map[string]lastLines{}}, nil
+}
+
+// LastLine returns the last message of severity warning or worse that the daemon with this
+// syslog tag sent, else its last message, "" if none: what says why a daemon is down
+// ("Failed to query NVIDIA devices"), not its "Shutdown" that follows.
+func (s *SyslogSink) LastLine(tag string) string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if l := s.last[tag]; l.bad != "" {
+		return l.bad
+	}
+	return s.last[tag].any
 }
 
 // Path is where the sink listens.
@@ -60,6 +101,17 @@ func (s *SyslogSink) Serve(ctx context.Context) error {
 	defer stop()
 	defer os.Remove(s.path)
 	buf := make([]byte, 64<<10)
+	tags := syslogTags()
+	tokens, filled := float64(syslogBurst), time.Now()
+	var foreign, limited int
+	reported := time.Now()
+	report := func() {
+		if foreign+limited > 0 {
+			s.log.Warn("syslog lines dropped", "foreignTag", foreign, "rateLimited", limited, "acceptedTags", tags)
+		}
+		foreign, limited, reported = 0, 0, time.Now()
+	}
+	defer report()
 	for {
 		n, err := s.conn.Read(buf)
 		if err != nil {
@@ -68,7 +120,35 @@ func (s *SyslogSink) Serve(ctx context.Context) error {
 			}
 			return fmt.Errorf("syslog socket %s: %w", s.path, err)
 		}
+		now := time.Now()
+		tokens = min(syslogBurst, tokens+now.Sub(filled).Seconds()*syslogRate)
+		filled = now
 		m := ParseSyslog(string(buf[:n]))
+		accepted := false
+		switch {
+		case !slices.Contains(tags, m.Tag):
+			foreign++
+		case tokens < 1:
+			limited++
+		default:
+			tokens--
+			accepted = true
+		}
+		// Drops are reported with the next line taken, or once a while as they go on.
+		if accepted || now.Sub(reported) >= syslogDropReport {
+			report()
+		}
+		if !accepted {
+			continue
+		}
+		s.mu.Lock()
+		l := s.last[m.Tag]
+		l.any = m.Message
+		if m.Severity <= 4 {
+			l.bad = m.Message
+		}
+		s.last[m.Tag] = l
+		s.mu.Unlock()
 		attrs := []any{"source", "syslog", "tag", m.Tag}
 		if m.PID != 0 {
 			attrs = append(attrs, "pid", m.PID)

@@ -2,7 +2,9 @@ package daemons_test
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
+	"net"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -14,6 +16,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"golang.org/x/sys/unix"
 
+	"github.com/talos-nvidia/nvidia-driver/internal/testutil"
 	"github.com/talos-nvidia/nvidia-driver/pkg/daemons"
 )
 
@@ -51,7 +54,7 @@ func TestSyslogSinkForwardsDaemonLines(t *testing.T) {
 	require.NoError(t, err)
 	fi, err := os.Stat(logPath)
 	require.NoError(t, err)
-	assert.Equal(t, os.FileMode(0o666), fi.Mode().Perm(), "daemons that drop privileges can write")
+	assert.Equal(t, os.FileMode(0o600), fi.Mode().Perm(), "only root, as our daemons run, can write")
 	ctx, cancel := context.WithCancel(context.Background())
 	served := make(chan error, 1)
 	go func() { served <- sink.Serve(ctx) }()
@@ -99,4 +102,54 @@ func TestListenSyslogRefusesNonSocketsAndReplacesDeadOnes(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
 	require.NoError(t, sink.Serve(ctx))
+}
+
+// TestSyslogSinkTakesOnlyOurDaemonsLines: the socket is the host's /dev/log. Lines of other
+// tags are dropped, a flood of our tag is cut to the rate limit, and the drops are reported;
+// the last line taken of each tag is kept.
+func TestSyslogSinkTakesOnlyOurDaemonsLines(t *testing.T) {
+	logs := &testutil.SyncBuffer{}
+	log := slog.New(slog.NewTextHandler(logs, nil))
+	path := filepath.Join(shortTempDir(t), "log")
+
+	sink, err := daemons.ListenSyslog(log, path)
+	require.NoError(t, err)
+
+	ctx, cancel := context.WithCancel(context.Background())
+	served := make(chan error, 1)
+	go func() { served <- sink.Serve(ctx) }()
+
+	c, err := net.Dial("unixgram", path)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = c.Close() })
+	send := func(tag, msg string) {
+		_, err := fmt.Fprintf(c, "<11>%s %s[42]: %s", time.Now().Format(time.Stamp), tag, msg)
+		require.NoError(t, err)
+	}
+
+	send("sshd", "Accepted password for root")
+	send("kernel", "forged emergency")
+	const flood = 1000
+	begin := time.Now()
+	for i := range flood {
+		send("nvidia-persistenced", fmt.Sprintf("line %d", i))
+	}
+	time.Sleep(200 * time.Millisecond) // the limit lets lines through again
+	send("nvidia-persistenced", "the end")
+	waitFor(t, "the last line", func() bool { return strings.Contains(logs.String(), `msg="the end"`) })
+	elapsed := time.Since(begin)
+
+	out := logs.String()
+	assert.NotContains(t, out, "Accepted password")
+	assert.NotContains(t, out, "forged emergency")
+	taken := strings.Count(out, "tag=nvidia-persistenced")
+	assert.LessOrEqual(t, taken, 100+int(20*elapsed.Seconds())+2, "the burst and the rate bound what is taken")
+	assert.Greater(t, taken, 1)
+	assert.Contains(t, out, "syslog lines dropped")
+	assert.Contains(t, out, "foreignTag=2")
+	assert.Equal(t, "the end", sink.LastLine("nvidia-persistenced"), "the last line of warning or worse (all are <11>: err)")
+	assert.Empty(t, sink.LastLine("sshd"))
+
+	cancel()
+	require.NoError(t, <-served)
 }

@@ -18,6 +18,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/talos-nvidia/nvidia-driver/pkg/atomicfile"
 	"github.com/talos-nvidia/nvidia-driver/pkg/nvswitch"
 )
 
@@ -31,8 +32,6 @@ const (
 	// (nvidia-modprobe-utils.c nvidia_nvlink_mknod).
 	nvswitchCtlMinor = 255
 	nvlinkMinor      = 0
-	// Default mode of the nvidia nodes (the module's NVreg_DeviceFileMode default).
-	nodeMode = 0o666
 )
 
 // Node is one character device node.
@@ -41,6 +40,27 @@ type Node struct {
 	Major uint32      `json:"major"`
 	Minor uint32      `json:"minor"`
 	Mode  os.FileMode `json:"mode"`
+	UID   uint32      `json:"uid"`
+	GID   uint32      `json:"gid"`
+	// Keep: the driver says not to create or change this node (ModifyDeviceFiles=0); only
+	// its /dev/char link is made, where the node exists.
+	Keep bool `json:"keep,omitempty"`
+}
+
+// attrs are a node's owner, mode and whether it may be changed, as the driver gives them.
+type attrs struct {
+	mode     os.FileMode
+	uid, gid uint32
+	modify   bool
+}
+
+// defaultAttrs are nvidia-modprobe's NV_DEVICE_FILE_MODE, _UID, _GID and modify = 1
+// (nvidia-modprobe utils/nvidia-modprobe-utils.c init_device_file_parameters), the values
+// the driver's NVreg_DeviceFile* parameters default to too.
+var defaultAttrs = attrs{mode: 0o666, modify: true}
+
+func (a attrs) node(path string, major, minor uint32) Node {
+	return Node{Path: path, Major: major, Minor: minor, Mode: a.mode, UID: a.uid, GID: a.gid, Keep: !a.modify}
 }
 
 // Result lists what Sync left in /dev and what it changed.
@@ -58,6 +78,8 @@ type Result struct {
 // nvidia-nvlink, the fabric-mgmt capability), and /dev/char/<major>:<minor> links for all
 // of them.
 func Sync(log *slog.Logger, hostRoot string) (Result, error) {
+	removeLeftovers(log, hostRoot)
+
 	want, err := Desired(hostRoot)
 	if err != nil {
 		return Result{}, err
@@ -82,6 +104,10 @@ func Sync(log *slog.Logger, hostRoot string) (Result, error) {
 
 		if changed {
 			res.Created = append(res.Created, n.Path)
+		}
+
+		if n.Keep && !isCharDev(filepath.Join(hostRoot, n.Path), n) {
+			continue // nvidia-modprobe links only a node that is there (symlink_char_dev)
 		}
 
 		link := filepath.Join(hostRoot, "dev/char", fmt.Sprintf("%d:%d", n.Major, n.Minor))
@@ -118,16 +144,29 @@ func Desired(hostRoot string) ([]Node, error) {
 		return nil, fmt.Errorf("%s lists no nvidia character device: the nvidia kernel module is not loaded", filepath.Join(hostRoot, "proc/devices"))
 	}
 
-	nodes := []Node{{Path: "dev/nvidiactl", Major: nv, Minor: ctlMinor, Mode: nodeMode}}
+	// The nvidia nodes get the owner and mode of the module's NVreg_DeviceFileUID, _GID and
+	// _Mode, unless NVreg_ModifyDeviceFiles=0 leaves them alone: the driver lists its
+	// parameters in /proc/driver/nvidia/params (open-gpu-kernel-modules
+	// kernel-open/nvidia/nv-procfs.c, "Name: value" lines, the mode in decimal), and
+	// nvidia-modprobe reads them there for nvidiactl, nvidia-modeset and nvidiaN
+	// (nvidia-modprobe-utils.c nvidia_mknod, nvidia_modeset_mknod: NV_PROC_REGISTRY_PATH).
+	nvAttrs, err := readAttrs(filepath.Join(hostRoot, "proc/driver/nvidia/params"), true)
+	if err != nil {
+		return nil, err
+	}
+
+	nodes := []Node{nvAttrs.node("dev/nvidiactl", nv, ctlMinor)}
 
 	if _, err := os.Stat(filepath.Join(hostRoot, "sys/module/nvidia_modeset")); err == nil {
-		nodes = append(nodes, Node{Path: "dev/nvidia-modeset", Major: nv, Minor: modesetMinor, Mode: nodeMode})
+		nodes = append(nodes, nvAttrs.node("dev/nvidia-modeset", nv, modesetMinor))
 	}
 
 	if uvm, ok := majors["nvidia-uvm"]; ok {
+		// nvidia-modprobe makes the UVM nodes with its defaults, reading no parameters
+		// (nvidia_uvm_mknod passes no proc path).
 		nodes = append(nodes,
-			Node{Path: "dev/nvidia-uvm", Major: uvm, Minor: 0, Mode: nodeMode},
-			Node{Path: "dev/nvidia-uvm-tools", Major: uvm, Minor: 1, Mode: nodeMode},
+			defaultAttrs.node("dev/nvidia-uvm", uvm, 0),
+			defaultAttrs.node("dev/nvidia-uvm-tools", uvm, 1),
 		)
 	}
 
@@ -137,7 +176,7 @@ func Desired(hostRoot string) ([]Node, error) {
 	}
 
 	for _, m := range minors {
-		nodes = append(nodes, Node{Path: fmt.Sprintf("dev/nvidia%d", m), Major: nv, Minor: m, Mode: nodeMode})
+		nodes = append(nodes, nvAttrs.node(fmt.Sprintf("dev/nvidia%d", m), nv, m))
 	}
 
 	if caps, ok := majors["nvidia-caps"]; ok {
@@ -174,28 +213,28 @@ func FabricNodes(hostRoot string) ([]Node, error) {
 			len(switches), filepath.Join(hostRoot, "proc/devices"))
 	}
 
-	mode, _, err := readCapability(filepath.Join(hostRoot, "proc/driver/nvidia-nvswitch/permissions"))
+	sw, _, err := readCapability(filepath.Join(hostRoot, "proc/driver/nvidia-nvswitch/permissions"))
 	if err != nil {
 		return nil, err
 	}
 
-	nodes := []Node{{Path: "dev/nvidia-nvswitchctl", Major: major, Minor: nvswitchCtlMinor, Mode: mode}}
+	nodes := []Node{sw.node("dev/nvidia-nvswitchctl", major, nvswitchCtlMinor)}
 
 	// The driver gives each switch the lowest free minor as it probes it and lists no minor
 	// in /proc (linux_nvswitch.c nvswitch_find_minor, procfs_nvswitch.c): the N switches
 	// initialized at load have minors 0..N-1, the numbers the fabric manager passes to
 	// nvidia-modprobe -s -c.
 	for i := range switches {
-		nodes = append(nodes, Node{Path: fmt.Sprintf("dev/nvidia-nvswitch%d", i), Major: major, Minor: uint32(i), Mode: mode})
+		nodes = append(nodes, sw.node(fmt.Sprintf("dev/nvidia-nvswitch%d", i), major, uint32(i)))
 	}
 
 	if nvl, ok := majors["nvidia-nvlink"]; ok {
-		mode, _, err := readCapability(filepath.Join(hostRoot, "proc/driver/nvidia-nvlink/permissions"))
+		nl, _, err := readCapability(filepath.Join(hostRoot, "proc/driver/nvidia-nvlink/permissions"))
 		if err != nil {
 			return nil, err
 		}
 
-		nodes = append(nodes, Node{Path: "dev/nvidia-nvlink", Major: nvl, Minor: nvlinkMinor, Mode: mode})
+		nodes = append(nodes, nl.node("dev/nvidia-nvlink", nvl, nvlinkMinor))
 	}
 
 	caps, ok := majors["nvidia-caps"]
@@ -225,7 +264,7 @@ func fabricMgmtCapability(hostRoot string, major uint32) (*Node, error) {
 		return nil, nil
 	}
 
-	mode, fileMinor, err := readCapability(path)
+	a, fileMinor, err := readCapability(path)
 	if err != nil {
 		return nil, err
 	}
@@ -246,7 +285,9 @@ func fabricMgmtCapability(hostRoot string, major uint32) (*Node, error) {
 		return nil, fmt.Errorf("capability fabric-mgmt: %s says minor %d, %s says %d", path, fileMinor, minorsPath, minor)
 	}
 
-	return &Node{Path: fmt.Sprintf("dev/nvidia-caps/nvidia-cap%d", minor), Major: major, Minor: minor, Mode: mode}, nil
+	n := a.node(fmt.Sprintf("dev/nvidia-caps/nvidia-cap%d", minor), major, minor)
+
+	return &n, nil
 }
 
 func readMajors(path string) (map[string]uint32, error) {
@@ -372,7 +413,7 @@ func capabilityNodes(hostRoot string, major uint32) ([]Node, error) {
 			return fmt.Errorf("capability %s is not listed in %s", key, minorsPath)
 		}
 
-		mode, fileMinor, err := readCapability(path)
+		a, fileMinor, err := readCapability(path)
 		if err != nil {
 			return err
 		}
@@ -381,7 +422,7 @@ func capabilityNodes(hostRoot string, major uint32) ([]Node, error) {
 			return fmt.Errorf("capability %s: %s says minor %d, %s says %d", key, path, fileMinor, minorsPath, minor)
 		}
 
-		nodes = append(nodes, Node{Path: fmt.Sprintf("dev/nvidia-caps/nvidia-cap%d", minor), Major: major, Minor: minor, Mode: mode})
+		nodes = append(nodes, a.node(fmt.Sprintf("dev/nvidia-caps/nvidia-cap%d", minor), major, minor))
 
 		return nil
 	})
@@ -441,15 +482,39 @@ func readMigMinors(path string) (map[string]uint32, error) {
 	return minors, nil
 }
 
-// readCapability parses a capability file: "DeviceFileMinor: 1", "DeviceFileMode: 256"
-// (decimal), "DeviceFileModify: 1". A missing minor is returned as -1.
-func readCapability(path string) (os.FileMode, int64, error) {
-	data, err := os.ReadFile(path)
-	if err != nil {
-		return 0, 0, fmt.Errorf("reading capability: %w", err)
+// readCapability parses a capability or permissions file: "DeviceFileMinor: 1",
+// "DeviceFileMode: 256" (decimal), "DeviceFileModify: 1", and the owner where the driver
+// gives one (kernel-open/nvidia/nv-caps.c; nvidia-modprobe passes the same file to
+// mknod_helper). A missing minor is returned as -1, a missing mode as 0444.
+func readCapability(path string) (attrs, int64, error) {
+	a := defaultAttrs
+	a.mode = 0o444
+
+	return parseAttrs(path, a)
+}
+
+// readAttrs reads a node's attributes from the driver's params file, the defaults where it
+// has none; optional: a missing file means the defaults (nvidia-modprobe does the same).
+func readAttrs(path string, optional bool) (attrs, error) {
+	if _, err := os.Stat(path); optional && errors.Is(err, fs.ErrNotExist) {
+		return defaultAttrs, nil
 	}
 
-	mode, minor := os.FileMode(0o444), int64(-1)
+	a, _, err := parseAttrs(path, defaultAttrs)
+
+	return a, err
+}
+
+// parseAttrs reads "Name: unsigned" lines, as nvidia-modprobe does
+// (init_device_file_parameters: DeviceFileUID, DeviceFileGID, DeviceFileMode,
+// ModifyDeviceFiles or DeviceFileModify), and DeviceFileMinor.
+func parseAttrs(path string, a attrs) (attrs, int64, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return a, 0, fmt.Errorf("reading device file attributes: %w", err)
+	}
+
+	minor := int64(-1)
 
 	for _, line := range strings.Split(string(data), "\n") {
 		k, v, ok := strings.Cut(line, ":")
@@ -457,34 +522,46 @@ func readCapability(path string) (os.FileMode, int64, error) {
 			continue
 		}
 
-		n, err := strconv.ParseInt(strings.TrimSpace(v), 10, 64)
+		n, err := strconv.ParseUint(strings.TrimSpace(v), 10, 32)
 		if err != nil {
 			continue
 		}
 
 		switch strings.TrimSpace(k) {
 		case "DeviceFileMode":
-			mode = os.FileMode(n) & os.ModePerm
+			a.mode = os.FileMode(n) & os.ModePerm
+		case "DeviceFileUID":
+			a.uid = uint32(n)
+		case "DeviceFileGID":
+			a.gid = uint32(n)
+		case "ModifyDeviceFiles", "DeviceFileModify":
+			a.modify = n == 1
 		case "DeviceFileMinor":
-			minor = n
+			minor = int64(n)
 		}
 	}
 
-	return mode, minor, nil
+	return a, minor, nil
 }
 
-// ensureNode makes path a character device with the node's numbers and mode. A wrong node
-// is replaced through a temporary name and a rename, so the path is never missing.
+// ensureNode makes path a character device with the node's numbers, mode and owner. A
+// wrong node is replaced through a temporary name and a rename, so the path is never
+// missing. A node the driver says to keep is left as it is.
 func ensureNode(path string, n Node) (bool, error) {
+	if n.Keep {
+		return false, nil
+	}
+
 	var st unix.Stat_t
 	if err := unix.Lstat(path, &st); err == nil {
-		if st.Mode&unix.S_IFMT == unix.S_IFCHR && st.Rdev == unix.Mkdev(n.Major, n.Minor) && os.FileMode(st.Mode&0o777) == n.Mode {
+		if st.Mode&unix.S_IFMT == unix.S_IFCHR && st.Rdev == unix.Mkdev(n.Major, n.Minor) && os.FileMode(st.Mode&0o777) == n.Mode &&
+			st.Uid == n.UID && st.Gid == n.GID {
 			return false, nil
 		}
 	}
 
-	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
-		return false, fmt.Errorf("creating %s: %w", filepath.Dir(path), err)
+	if err := atomicfile.MkdirNoFollow(filepath.Dir(path)); err != nil {
+		return false, err
 	}
 
 	tmp := path + ".tmp"
@@ -501,6 +578,12 @@ func ensureNode(path string, n Node) (bool, error) {
 		return false, fmt.Errorf("setting mode of %s: %w", path, err)
 	}
 
+	if err := unix.Lchown(tmp, int(n.UID), int(n.GID)); err != nil {
+		os.Remove(tmp) //nolint:errcheck
+
+		return false, fmt.Errorf("setting owner of %s: %w", path, err)
+	}
+
 	if err := os.Rename(tmp, path); err != nil {
 		os.Remove(tmp) //nolint:errcheck
 
@@ -515,8 +598,8 @@ func ensureLink(path, target string) error {
 		return nil
 	}
 
-	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
-		return fmt.Errorf("creating %s: %w", filepath.Dir(path), err)
+	if err := atomicfile.MkdirNoFollow(filepath.Dir(path)); err != nil {
+		return err
 	}
 
 	tmp := path + ".tmp"
@@ -544,6 +627,10 @@ var capNodeName = regexp.MustCompile(`^nvidia-cap(\d+)$`)
 // could not account for them (FabricNodes failed, or another tool made them).
 func removeStaleCaps(hostRoot string, want []Node) ([]string, error) {
 	dir := filepath.Join(hostRoot, "dev/nvidia-caps")
+
+	if st, err := os.Lstat(dir); err == nil && !st.IsDir() {
+		return nil, fmt.Errorf("%s is not a directory (%s): not removing anything through it", dir, st.Mode().Type())
+	}
 
 	entries, err := os.ReadDir(dir)
 	if errors.Is(err, fs.ErrNotExist) {
@@ -602,4 +689,43 @@ func removeStaleCaps(hostRoot string, want []Node) ([]string, error) {
 	}
 
 	return removed, nil
+}
+
+func isCharDev(path string, n Node) bool {
+	var st unix.Stat_t
+
+	return unix.Lstat(path, &st) == nil && st.Mode&unix.S_IFMT == unix.S_IFCHR && st.Rdev == unix.Mkdev(n.Major, n.Minor)
+}
+
+// leftovers are the temporary names ensureNode and ensureLink use: a kill between their
+// mknod or symlink and the rename leaves one behind.
+var leftovers = []string{"dev/nvidia*.tmp", "dev/nvidia-caps/nvidia-cap*.tmp", "dev/char/*:*.tmp"}
+
+// removeLeftovers removes the temporary nodes and links an earlier, killed sync left; only
+// character devices and links, the only kinds it makes. A failure is logged: the sync
+// itself replaces each one it needs.
+func removeLeftovers(log *slog.Logger, hostRoot string) {
+	for _, pattern := range leftovers {
+		dir := filepath.Join(hostRoot, filepath.Dir(pattern))
+		if st, err := os.Lstat(dir); err != nil || !st.IsDir() {
+			continue // missing, or a link that the sync refuses and reports
+		}
+
+		paths, _ := filepath.Glob(filepath.Join(hostRoot, pattern)) //nolint:errcheck // only ErrBadPattern
+
+		for _, p := range paths {
+			st, err := os.Lstat(p)
+			if err != nil || (st.Mode().Type() != fs.ModeCharDevice|fs.ModeDevice && st.Mode().Type() != fs.ModeSymlink) {
+				continue
+			}
+
+			if err := os.Remove(p); err != nil {
+				log.Warn("cannot remove a leftover temporary device node", "path", p, "error", err)
+
+				continue
+			}
+
+			log.Info("removed a leftover temporary device node", "path", p)
+		}
+	}
 }

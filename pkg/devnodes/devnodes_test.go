@@ -339,3 +339,131 @@ func TestSyncNVSwitchErrors(t *testing.T) {
 		})
 	}
 }
+
+func assertOwner(t *testing.T, path string, uid, gid uint32) {
+	t.Helper()
+
+	var st unix.Stat_t
+	require.NoError(t, unix.Lstat(path, &st), path)
+	assert.Equal(t, [2]uint32{uid, gid}, [2]uint32{st.Uid, st.Gid}, "%s owner", path)
+}
+
+// TestSyncFollowsDriverDeviceFileParams: the nvidia nodes get the owner and mode of the
+// module's NVreg_DeviceFileUID/GID/Mode, as /proc/driver/nvidia/params lists them (the mode
+// in decimal: 432 is 0660), the UVM nodes nvidia-modprobe's defaults; with
+// NVreg_ModifyDeviceFiles=0 nothing is created or changed, existing nodes only get their
+// /dev/char links.
+func TestSyncFollowsDriverDeviceFileParams(t *testing.T) {
+	params := func(modify int) string {
+		return fmt.Sprintf("ResmanDebugLevel: 4294967295\nRmLogonRC: 1\nModifyDeviceFiles: %d\nDeviceFileUID: 1000\nDeviceFileGID: 44\n"+
+			"DeviceFileMode: 432\nInitializeSystemMemoryAllocations: 1\nRegistryDwords: \"\"\n", modify)
+	}
+
+	t.Run("owner and mode", func(t *testing.T) {
+		root := newRoot(t)
+		fakeProc(t, root)
+		write(t, root, "proc/driver/nvidia/params", params(1))
+
+		_, err := devnodes.Sync(quiet, root)
+		require.NoError(t, err)
+
+		for _, n := range []struct {
+			path  string
+			minor uint32
+		}{{"dev/nvidiactl", 255}, {"dev/nvidia-modeset", 254}, {"dev/nvidia0", 0}, {"dev/nvidia3", 3}} {
+			assertNode(t, filepath.Join(root, n.path), 195, n.minor, 0o660)
+			assertOwner(t, filepath.Join(root, n.path), 1000, 44)
+		}
+
+		assertNode(t, filepath.Join(root, "dev/nvidia-uvm"), 506, 0, 0o666)
+		assertOwner(t, filepath.Join(root, "dev/nvidia-uvm"), 0, 0)
+
+		// A node made before with other attributes is corrected.
+		require.NoError(t, unix.Chown(filepath.Join(root, "dev/nvidia0"), 0, 0))
+		res, err := devnodes.Sync(quiet, root)
+		require.NoError(t, err)
+		assert.Equal(t, []string{"dev/nvidia0"}, res.Created)
+		assertOwner(t, filepath.Join(root, "dev/nvidia0"), 1000, 44)
+	})
+
+	t.Run("ModifyDeviceFiles=0", func(t *testing.T) {
+		root := newRoot(t)
+		fakeProc(t, root)
+		write(t, root, "proc/driver/nvidia/params", params(0))
+		require.NoError(t, os.MkdirAll(filepath.Join(root, "dev"), 0o755))
+		require.NoError(t, unix.Mknod(filepath.Join(root, "dev/nvidia0"), unix.S_IFCHR|0o600, int(unix.Mkdev(195, 0))))
+
+		res, err := devnodes.Sync(quiet, root)
+		require.NoError(t, err)
+
+		assert.NotContains(t, res.Created, "dev/nvidia0")
+		assertNode(t, filepath.Join(root, "dev/nvidia0"), 195, 0, 0o600)
+		assert.NoFileExists(t, filepath.Join(root, "dev/nvidiactl"), "not created: the driver says to leave its nodes alone")
+		assert.NoFileExists(t, filepath.Join(root, "dev/nvidia3"))
+
+		link, err := os.Readlink(filepath.Join(root, "dev/char/195:0"))
+		require.NoError(t, err)
+		assert.Equal(t, "../nvidia0", link)
+		assert.NoFileExists(t, filepath.Join(root, "dev/char/195:3"))
+
+		assertNode(t, filepath.Join(root, "dev/nvidia-uvm"), 506, 0, 0o666)
+	})
+}
+
+// TestSyncRemovesLeftoverTemporaries: a sync killed between mknod (or symlink) and rename
+// leaves "<name>.tmp"; the next sync removes every one, also those of nodes it no longer
+// makes, and leaves other files alone.
+func TestSyncRemovesLeftoverTemporaries(t *testing.T) {
+	root := newRoot(t)
+	fakeProc(t, root)
+
+	for _, d := range []string{"dev/nvidia-caps", "dev/char"} {
+		require.NoError(t, os.MkdirAll(filepath.Join(root, d), 0o755))
+	}
+
+	for _, n := range []struct {
+		path         string
+		major, minor uint32
+	}{{"dev/nvidia0.tmp", 195, 0}, {"dev/nvidia7.tmp", 195, 7}, {"dev/nvidia-caps/nvidia-cap99.tmp", 507, 99}} {
+		require.NoError(t, unix.Mknod(filepath.Join(root, n.path), unix.S_IFCHR|0o666, int(unix.Mkdev(n.major, n.minor))))
+	}
+
+	require.NoError(t, os.Symlink("../nvidia7", filepath.Join(root, "dev/char/195:7.tmp")))
+	write(t, root, "dev/nvidia-notes.tmp", "not ours: a regular file")
+
+	_, err := devnodes.Sync(quiet, root)
+	require.NoError(t, err)
+
+	for _, p := range []string{"dev/nvidia0.tmp", "dev/nvidia7.tmp", "dev/nvidia-caps/nvidia-cap99.tmp", "dev/char/195:7.tmp"} {
+		_, err := os.Lstat(filepath.Join(root, p))
+		assert.ErrorIs(t, err, os.ErrNotExist, p)
+	}
+
+	assert.FileExists(t, filepath.Join(root, "dev/nvidia-notes.tmp"))
+	assertNode(t, filepath.Join(root, "dev/nvidia0"), 195, 0, 0o666)
+}
+
+// TestSyncRefusesSymlinkedDirectories: a link planted in place of dev/char or
+// dev/nvidia-caps is not followed: the sync fails naming it, and nothing is made where it
+// points.
+func TestSyncRefusesSymlinkedDirectories(t *testing.T) {
+	for _, dir := range []string{"dev/char", "dev/nvidia-caps"} {
+		t.Run(dir, func(t *testing.T) {
+			root := newRoot(t)
+			fakeProc(t, root, [3]int{0, 1, 0})
+
+			elsewhere := filepath.Join(root, "elsewhere")
+			require.NoError(t, os.MkdirAll(elsewhere, 0o755))
+			require.NoError(t, os.MkdirAll(filepath.Join(root, "dev"), 0o755))
+			require.NoError(t, os.Symlink(elsewhere, filepath.Join(root, dir)))
+
+			_, err := devnodes.Sync(quiet, root)
+			require.Error(t, err)
+			assert.Contains(t, err.Error(), filepath.Join(root, dir)+": it is a symbolic link")
+
+			entries, err := os.ReadDir(elsewhere)
+			require.NoError(t, err)
+			assert.Empty(t, entries, "nothing made through the link")
+		})
+	}
+}

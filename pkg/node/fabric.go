@@ -349,7 +349,7 @@ func (r *Runner) fabricChanged() {
 		r.log.Error("cannot update the readiness files", "error", err)
 	}
 
-	r.report(r.fabricPhase(r.fabric.readyPhase, r.fabric.readyMsg))
+	r.reportUp()
 }
 
 // stopFabric waits for the fabric watch, which ends with the runner's context. The fabric

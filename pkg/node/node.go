@@ -11,6 +11,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/talos-nvidia/nvidia-driver/pkg/cdi"
@@ -39,10 +40,19 @@ type Runner struct {
 	jobs   nvmljobs.Jobs
 	wait   Backoff
 	status *statusFile
-	// persistenced is our nvidia-persistenced supervisor once started, else nil.
-	persistenced *daemons.Supervisor
-	daemonsDone  chan struct{}
-	fabric       fabricJob // the NVSwitch job (fabric.go)
+	// persistenced is our nvidia-persistenced supervisor once started, else nil;
+	// persistencedErr why it could not be started.
+	persistenced    *daemons.Supervisor
+	persistencedErr string
+	daemonOpts      daemons.Options
+	daemonLog       func(tag string) string
+	daemonsDone     chan struct{}
+	watchDone       chan struct{} // the persistenced watcher's
+	fabric          fabricJob     // the NVSwitch job (fabric.go)
+
+	// upMu serializes the reports of a node that is up (reportUp): the fabric's and
+	// persistenced's watchers both make them.
+	upMu sync.Mutex
 	// migProblem is why the configured MIG layout cannot be applied (mig.go); the node then
 	// serves its GPUs as they are.
 	migProblem error
@@ -53,6 +63,24 @@ type Option func(*Runner)
 
 // WithBackoff sets how the runner polls for the driver and for GPUs.
 func WithBackoff(b Backoff) Option { return func(r *Runner) { r.wait = b } }
+
+// WithDaemonOptions sets how nvidia-persistenced is supervised; a zero StartTimeout keeps
+// persistencedStartTimeout.
+func WithDaemonOptions(o daemons.Options) Option { return func(r *Runner) { r.daemonOpts = o } }
+
+// WithDaemonLog gives the runner the last syslog line of a daemon by its tag (the service's
+// /dev/log reader, daemons.SyslogSink.LastLine), for the status of a daemon that is down.
+func WithDaemonLog(last func(tag string) string) Option {
+	return func(r *Runner) { r.daemonLog = last }
+}
+
+// persistencedStartTimeout bounds one start of nvidia-persistenced, and so how long the
+// bring-up waits for it. Its starter returns once the daemon has opened every GPU and set
+// persistence mode (DESIGN §4), a few seconds a GPU whose GSP firmware loads; a start not
+// back after 30 s is stuck, not slow. The bring-up waits for one start only: the node
+// comes up without the daemon (degraded, saying so) while the supervisor keeps trying,
+// where it used to wait three starts of 60 s.
+const persistencedStartTimeout = 30 * time.Second
 
 // New returns a runner. jobs does the NVML work: in child processes of the service on a
 // node, on simulated GPUs in this process in the demo and tests.
@@ -67,6 +95,10 @@ func New(log *slog.Logger, cfg config.Config, jobs nvmljobs.Jobs, opts ...Option
 
 	for _, o := range opts {
 		o(r)
+	}
+
+	if r.daemonOpts.StartTimeout <= 0 {
+		r.daemonOpts.StartTimeout = persistencedStartTimeout
 	}
 
 	return r
@@ -152,7 +184,9 @@ func (r *Runner) bringUp(ctx context.Context) error {
 		return err
 	}
 
-	if err := r.syncDeviceNodes(); err != nil {
+	// /proc can lag the module's load, and a person can fix /dev: a failed sync is tried
+	// again with backoff, and each distinct error reported once.
+	if err := r.waitFor(ctx, "the NVIDIA device nodes", r.syncDeviceNodes); err != nil {
 		return err
 	}
 
@@ -168,6 +202,16 @@ func (r *Runner) bringUp(ctx context.Context) error {
 		var err error
 
 		gpus, err = r.jobs.ListGPUs(ctx)
+		if err == nil {
+			return nil
+		}
+
+		// NVML sees no GPU and says no more when the loaded module flavor cannot drive the
+		// node's GPUs; the module changes only with another extension and a reboot.
+		var undriven *gpu.UndrivenError
+		if errors.As(gpu.CheckDriven(r.cfg.HostRoot), &undriven) {
+			return permanent(undriven)
+		}
 
 		return err
 	})
@@ -225,8 +269,9 @@ func (r *Runner) bringUp(ctx context.Context) error {
 
 	phase, msg := r.migPhase(PhaseReady, fmt.Sprintf("node ready: %d GPU(s), driver %s", len(gpus), report.DriverVersion))
 	r.fabric.readyPhase, r.fabric.readyMsg = phase, msg
-	r.report(r.fabricPhase(phase, msg))
+	r.reportUp()
 	r.watchFabric(ctx)
+	r.watchPersistenced(ctx)
 
 	return nil
 }
@@ -378,11 +423,12 @@ func (r *Runner) startPersistenced(ctx context.Context) {
 	spec, err := daemons.Persistenced(opts)
 	if err != nil {
 		r.log.Error("nvidia-persistenced not started", "error", err)
+		r.persistencedErr = err.Error()
 
 		return
 	}
 
-	sup := daemons.New(r.log, spec, daemons.Options{})
+	sup := daemons.New(r.log, spec, r.daemonOpts)
 	r.persistenced = sup
 	r.daemonsDone = make(chan struct{})
 
@@ -394,18 +440,123 @@ func (r *Runner) startPersistenced(ctx context.Context) {
 		}
 	}()
 
-	if err := sup.WaitReady(ctx); err != nil {
-		r.log.Error("nvidia-persistenced is not ready; continuing without it", "error", err)
+	// One start, not every start the supervisor may try (see persistencedStartTimeout).
+	wctx, cancel := context.WithTimeout(ctx, r.daemonOpts.StartTimeout+time.Second)
+	defer cancel()
 
-		return
+	if err := sup.WaitReady(wctx); err != nil {
+		r.log.Error("nvidia-persistenced is not ready; continuing without it", "error", err)
 	}
 
 	r.status.update(func(s *Status) { s.Persistenced = string(sup.Status().State) }) //nolint:errcheck
 }
 
+// persistencedPhase turns an up node degraded while the nvidia-persistenced it promises is
+// not running, and says why: its state, the supervisor's last error and the daemon's last
+// syslog line.
+func (r *Runner) persistencedPhase(phase, msg string) (string, string) {
+	var why string
+
+	switch {
+	case r.persistencedErr != "":
+		why = "nvidia-persistenced is not running: " + r.persistencedErr
+	case r.persistenced == nil:
+		return phase, msg
+	default:
+		st := r.persistenced.Status()
+		if st.State == daemons.StateReady {
+			return phase, msg
+		}
+
+		// Starting and restarting alternate at every retry: one state for the status, so
+		// that a daemon failing the same way is reported once, not at every retry.
+		state := st.State
+		if state == daemons.StateStarting {
+			state = daemons.StateRestarting
+		}
+
+		why = fmt.Sprintf("nvidia-persistenced is not running (%s", state)
+		if st.LastError != "" {
+			why += ": " + st.LastError
+		}
+
+		why += ")"
+
+		if r.daemonLog != nil {
+			if line := r.daemonLog("nvidia-persistenced"); line != "" {
+				why += fmt.Sprintf("; its last log line: %q", line)
+			}
+		}
+	}
+
+	return PhaseDegraded, strings.Replace(msg, "node ready", "node degraded", 1) + "; " + why
+}
+
+// reportUp reports the phase of a node that is up: ready, or degraded by its fabric or
+// nvidia-persistenced; an unchanged status is not written again.
+func (r *Runner) reportUp() {
+	r.upMu.Lock()
+	defer r.upMu.Unlock()
+
+	phase, msg := r.persistencedPhase(r.fabricPhase(r.fabric.readyPhase, r.fabric.readyMsg))
+
+	if r.persistenced != nil {
+		r.status.update(func(s *Status) { s.Persistenced = string(r.persistenced.Status().State) }) //nolint:errcheck // reported by report()
+	}
+
+	if cur := r.status.get(); cur.Phase == phase && cur.Message == msg {
+		return
+	}
+
+	r.report(phase, msg)
+}
+
+// watchPersistenced keeps the node's status current as nvidia-persistenced's supervision
+// state changes after bring-up: a daemon that died, is restarting or was given up makes the
+// node degraded, one that is ready again makes it ready.
+func (r *Runner) watchPersistenced(ctx context.Context) {
+	sup := r.persistenced
+	if sup == nil {
+		return
+	}
+
+	r.watchDone = make(chan struct{})
+
+	go func() {
+		defer close(r.watchDone)
+
+		for {
+			// Taken before the status is read, so that no change between the two is missed.
+			changed := sup.Changed()
+
+			if ctx.Err() != nil {
+				return // the stop's states are not the daemon failing
+			}
+
+			r.reportUp()
+
+			select {
+			case <-ctx.Done():
+				return
+			case <-changed:
+			case <-sup.Done():
+				if ctx.Err() == nil {
+					r.reportUp()
+				}
+
+				return
+			}
+		}
+	}()
+}
+
 // stopDaemons waits for the supervisors, which stop their daemons when ctx ends, within
 // Talos's stop budget.
 func (r *Runner) stopDaemons() {
+	if r.watchDone != nil {
+		<-r.watchDone
+	}
+
 	if r.daemonsDone == nil {
 		return
 	}

@@ -214,3 +214,166 @@ func TestMIGJobThatDiedAfterTheChangeLeavesNoDeviceNodeMissing(t *testing.T) {
 	assert.Empty(t, now.Created, "device nodes the driver offers were missing after bring-up")
 	assert.Equal(t, len(now.Nodes), st.DeviceNodes, "the status counts the device nodes there are")
 }
+
+// TestDeviceNodeErrorIsRetried: /proc/devices lists no nvidia device yet while the driver's
+// version file is there (the module is still loading); the runner reports the wait once and
+// comes up when /proc is right, without a restart.
+func TestDeviceNodeErrorIsRetried(t *testing.T) {
+	testutil.RequireRoot(t)
+
+	gpus := sim.New(testutil.Model(t, "h100-80gb"), 1)
+	host := t.TempDir()
+	writeSimHost(t, host, gpus)
+
+	devices := filepath.Join(host, "proc/devices")
+	good, err := os.ReadFile(devices)
+	require.NoError(t, err)
+	require.NoError(t, os.Remove(devices))
+	require.NoError(t, os.WriteFile(devices, []byte("Character devices:\n  1 mem\n\nBlock devices:\n  8 sd\n"), 0o444))
+
+	logs := &testutil.SyncBuffer{}
+	r := simRunner(t, host, testutil.Subroot(t), gpus, logs)
+
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+
+	go func() { done <- r.Run(ctx) }()
+
+	defer func() { cancel(); require.NoError(t, <-done) }()
+
+	waitFor := func(what string, cond func(node.Status) bool) node.Status {
+		deadline := time.Now().Add(10 * time.Second)
+		for time.Now().Before(deadline) {
+			if st := r.Status(); cond(st) {
+				return st
+			}
+
+			time.Sleep(2 * time.Millisecond)
+		}
+
+		t.Fatalf("%s not reached: %+v\n%s", what, r.Status(), logs)
+
+		return node.Status{}
+	}
+
+	st := waitFor("the wait for device nodes", func(st node.Status) bool {
+		return st.Phase != "" && st.Phase != node.PhaseStarting && (st.Phase != node.PhaseWaiting || strings.Contains(st.Message, "device nodes"))
+	})
+	require.Equal(t, node.PhaseWaiting, st.Phase, st.Message)
+	assert.Contains(t, st.Message, "waiting for the NVIDIA device nodes")
+	assert.Contains(t, st.Message, "lists no nvidia character device")
+
+	time.Sleep(100 * time.Millisecond) // some twenty retries
+	// Renamed into place: the runner never sees the file missing.
+	require.NoError(t, os.WriteFile(devices+".new", good, 0o444))
+	require.NoError(t, os.Rename(devices+".new", devices))
+
+	waitFor("ready", func(st node.Status) bool { return st.Phase == node.PhaseReady })
+	assert.Equal(t, 1, strings.Count(logs.String(), "waiting for the NVIDIA device nodes"), "the wait is reported once:\n%s", logs)
+	assert.FileExists(t, filepath.Join(host, "dev/nvidia0"))
+}
+
+// writeSimHost writes under host the /proc and /sys files of a loaded driver with the
+// simulated GPUs, and unmounts the driver root the runner makes there at the end.
+func writeSimHost(t *testing.T, host string, gpus *sim.Node) {
+	t.Helper()
+
+	target := filepath.Join(host, "run/nvidia/driver")
+	t.Cleanup(func() {
+		unix.Unmount(filepath.Join(target, "dev"), unix.MNT_DETACH) //nolint:errcheck
+		unix.Unmount(target, unix.MNT_DETACH)                       //nolint:errcheck
+	})
+
+	require.Equal(t, nvml.SUCCESS, gpus.Init())
+	require.NoError(t, sim.WriteProcFS(host, gpus))
+	require.Equal(t, nvml.SUCCESS, gpus.Shutdown())
+}
+
+// simRunner is a runner on the simulated GPUs under host, CDI off, persistenced on only if
+// env says so, that polls fast.
+func simRunner(t *testing.T, host, subroot string, gpus *sim.Node, logs *testutil.SyncBuffer, opts ...node.Option) *node.Runner {
+	t.Helper()
+
+	persistenced := "false"
+	if len(opts) > 0 {
+		persistenced = "true" // the daemon options are given
+	}
+
+	cfg, err := config.Load([]string{
+		"NVIDIA_DRIVER_HOST_ROOT=" + host, "NVIDIA_DRIVER_SUBROOT=" + subroot,
+		"NVIDIA_DRIVER_PERSISTENCED=" + persistenced, "NVIDIA_DRIVER_CDI=false", "NVIDIA_DRIVER_CONFIG=" + writeVersionOnly(t),
+	})
+	require.NoError(t, err)
+
+	log := slog.New(slog.NewTextHandler(logs, nil))
+
+	return node.New(log, cfg, &nvmljobs.Local{Log: log, NVML: gpus, Resetter: gpus},
+		append([]node.Option{node.WithBackoff(node.Backoff{Initial: 5 * time.Millisecond, Max: 10 * time.Millisecond})}, opts...)...)
+}
+
+// TestGPUsTheModuleCannotDriveNameTheFlavor: NVML sees no GPU, while the PCI bus has an
+// NVIDIA GPU with no driver bound and the module lists none: the loaded flavor refused it.
+// The node fails with the flavor to install, instead of waiting without a word.
+func TestGPUsTheModuleCannotDriveNameTheFlavor(t *testing.T) {
+	for _, tc := range []struct {
+		name, version, install string
+	}{
+		{"proprietary module, Blackwell GPU", "NVRM version: NVIDIA UNIX x86_64 Kernel Module  580.95.05  Tue Sep 23 09:11:00 UTC 2025",
+			"open flavor, nvidia-driver-lts-open or nvidia-driver-production-open"},
+		{"open module, Volta GPU", "NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  580.95.05  Release Build",
+			"proprietary flavor, nvidia-driver-lts or nvidia-driver-production"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			testutil.RequireRoot(t)
+
+			gpus := sim.New(testutil.Model(t, "h100-80gb"), 0)
+			host := t.TempDir()
+			writeSimHost(t, host, gpus)
+			write := func(rel, content string) {
+				p := filepath.Join(host, rel)
+				require.NoError(t, os.MkdirAll(filepath.Dir(p), 0o755))
+				require.NoError(t, os.WriteFile(p, []byte(content+"\n"), 0o644))
+			}
+
+			write("proc/driver/nvidia/version", tc.version)
+			write("sys/bus/pci/devices/0000:17:00.0/vendor", "0x10de")
+			write("sys/bus/pci/devices/0000:17:00.0/device", "0x2901")
+			write("sys/bus/pci/devices/0000:17:00.0/class", "0x030200")
+
+			logs := &testutil.SyncBuffer{}
+			st, _ := runUntilSettled(t, simRunner(t, host, testutil.Subroot(t), gpus, logs), &strings.Builder{}, 10*time.Second, 0)
+
+			require.Equal(t, node.PhaseFailed, st.Phase, "%s\n%s", st.Message, logs)
+			assert.Contains(t, st.Message, "drives none of the 1 NVIDIA GPU(s) on the PCI bus (0000:17:00.0 (10de:2901)")
+			assert.Contains(t, st.Message, "Install the extension's "+tc.install)
+			assert.Contains(t, st.Message, tc.version)
+		})
+	}
+}
+
+// TestSymlinkInPlaceOfValidationsIsRefused: a link planted in place of the readiness
+// directory is not followed: the node fails naming it, and nothing is written where it
+// points.
+func TestSymlinkInPlaceOfValidationsIsRefused(t *testing.T) {
+	testutil.RequireRoot(t)
+
+	gpus := sim.New(testutil.Model(t, "h100-80gb"), 1)
+	host := t.TempDir()
+	writeSimHost(t, host, gpus)
+
+	elsewhere := filepath.Join(host, "etc/elsewhere")
+	require.NoError(t, os.MkdirAll(elsewhere, 0o755))
+	require.NoError(t, os.MkdirAll(filepath.Join(host, "run/nvidia"), 0o755))
+	link := filepath.Join(host, "run/nvidia/validations")
+	require.NoError(t, os.Symlink(elsewhere, link))
+
+	logs := &testutil.SyncBuffer{}
+	st, _ := runUntilSettled(t, simRunner(t, host, testutil.Subroot(t), gpus, logs), &strings.Builder{}, 10*time.Second, 0)
+
+	require.Equal(t, node.PhaseFailed, st.Phase, "%s\n%s", st.Message, logs)
+	assert.Contains(t, st.Message, "refusing to write into "+link+": it is a symbolic link")
+
+	entries, err := os.ReadDir(elsewhere)
+	require.NoError(t, err)
+	assert.Empty(t, entries, "nothing written through the link")
+}

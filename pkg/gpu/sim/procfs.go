@@ -38,7 +38,7 @@ func MigMinor(gpuMinor, gi, ci int) int {
 }
 
 // WriteProcFS writes under hostRoot the /proc and /sys files that a loaded NVIDIA driver
-// offers for the GPUs that lib reports: device majors, the driver version, one information
+// offers for the GPUs that lib reports: device majors, the driver version and parameters, one information
 // file per GPU, the MIG capability minors and a capability file for every MIG instance that
 // exists, and for every process that holds GPUs open (a Node's holders, and compute
 // processes) the /proc/<pid>/fd links to /dev/nvidiactl and /dev/nvidia<minor> (and its comm
@@ -51,6 +51,10 @@ func WriteProcFS(hostRoot string, lib nvml.Interface) error {
 			MajorNvidia, MajorUVM, MajorCaps),
 		"proc/driver/nvidia/capabilities/mig/config":  capability(1, 0o400),
 		"proc/driver/nvidia/capabilities/mig/monitor": capability(2, 0o444),
+		// The module's parameters at their defaults, in the driver's order and format
+		// (kernel-open/nvidia/nv-procfs.c; the mode in decimal: 438 is 0666).
+		"proc/driver/nvidia/params": "ResmanDebugLevel: 4294967295\nRmLogonRC: 1\nModifyDeviceFiles: 1\nDeviceFileUID: 0\n" +
+			"DeviceFileGID: 0\nDeviceFileMode: 438\nInitializeSystemMemoryAllocations: 1\n",
 	}
 
 	version, ret := lib.SystemGetDriverVersion()

@@ -17,8 +17,13 @@
 //	FAKEDAEMON_CONTROL  file whose content, when present, overrides FAKEDAEMON_MODE at each start
 //	FAKEDAEMON_SYSLOG   datagram socket to send syslog lines to (the real daemon uses /dev/log)
 //	FAKEDAEMON_ARGS     file the parent appends its command line to (one line per start)
+//	FAKEDAEMON_ENV      file the parent writes its environment to, one variable a line
 //	FAKEDAEMON_DEV      the fabric manager's /dev: it fails, as the real one does, unless the
 //	                    NVSwitch and NVLink nodes it opens are character devices there
+//
+// The supervisor gives daemons a minimal environment of its own, not its caller's, so a test
+// that cannot set the daemon's Env puts these settings, KEY=VALUE lines, in a file named as
+// the binary with ".env" added (say usr/bin/nvidia-persistenced.env in a fake subroot).
 package main
 
 import (
@@ -39,6 +44,10 @@ import (
 const childEnv = "FAKEDAEMON_CHILD"
 
 func main() {
+	if err := loadEnvFile(); err != nil {
+		fmt.Fprintf(os.Stderr, "fakedaemon: %v\n", err)
+		os.Exit(2)
+	}
 	if len(os.Args) == 3 && (os.Args[1] == "-c" || os.Args[1] == "--config") {
 		os.Exit(fabricManager(os.Args[2]))
 	}
@@ -77,10 +86,13 @@ func parent() int {
 		fmt.Fprintf(os.Stderr, "fakedaemon: pipe: %v\n", err)
 		return 1
 	}
-	self, err := os.Executable()
-	if err != nil {
-		fmt.Fprintf(os.Stderr, "fakedaemon: %v\n", err)
-		return 1
+	// Run by a subroot's loader, the executable is the loader: argv[0] names the program.
+	self := os.Args[0]
+	if !filepath.IsAbs(self) {
+		if self, err = os.Executable(); err != nil {
+			fmt.Fprintf(os.Stderr, "fakedaemon: %v\n", err)
+			return 1
+		}
 	}
 	cmd := exec.Command(self, os.Args[1:]...)
 	cmd.Env = append(os.Environ(), childEnv+"=1")
@@ -329,6 +341,9 @@ func readConfig(path string) (map[string]string, error) {
 }
 
 func recordArgs() {
+	if p := os.Getenv("FAKEDAEMON_ENV"); p != "" {
+		_ = os.WriteFile(p, []byte(strings.Join(os.Environ(), "\n")+"\n"), 0o644)
+	}
 	if p := os.Getenv("FAKEDAEMON_ARGS"); p != "" {
 		if f, err := os.OpenFile(p, os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o644); err == nil {
 			fmt.Fprintln(f, strings.Join(os.Args, " "))
@@ -347,4 +362,27 @@ func acceptAndClose(l net.Listener) {
 		}
 		_ = c.Close()
 	}
+}
+
+// loadEnvFile sets the variables of <argv[0]>.env that the environment does not set.
+func loadEnvFile() error {
+	data, err := os.ReadFile(os.Args[0] + ".env")
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	for _, line := range strings.Split(string(data), "\n") {
+		k, v, ok := strings.Cut(strings.TrimSpace(line), "=")
+		if !ok {
+			continue
+		}
+		if _, set := os.LookupEnv(k); !set {
+			if err := os.Setenv(k, v); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
 }
