@@ -23,7 +23,7 @@ _out/bin/extension -out _out -name nvidia-driver-dev-host -payload _out/subroot-
 PATH=$PWD/_out/talos-runc:$PATH _out/bin/harness -json -runc "$PWD/_out/talos-runc/runc" \
   -extension _out/extensions/nvidia-driver-dev-host \
   -env NVIDIA_DRIVER_PERSISTENCE_MODE=false -env NVIDIA_DRIVER_LOG_LEVEL=info \
-  -until ready -wait 120s -hold 1s -changes 3 \
+  -until ready -wait 120s -hold 1s -changes 3 -change-every $((secs / 5))s \
   -after-ready "$PWD/hack/e2e-long-workload.sh $secs" >"$out/restarts.json"
 rc=$?
 echo "== modes after: $(nvidia-smi --query-gpu=persistence_mode,mig.mode.current --format=csv,noheader | tr '\n' ' ')"

@@ -64,6 +64,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	fs.Var(&thenEnv, "then-env", "environment of the changed document for -then change (repeatable)")
 	fs.Var(&overrides, "override", "bind LOCALFILE over NODEPATH once the extension is laid: NODEPATH=LOCALFILE (repeatable)")
 	changes := fs.Int("changes", 0, "with -after-ready: run it in the background and change the document this many times meanwhile (a restart by Talos each)")
+	changeEvery := fs.Duration("change-every", 0, "with -changes: wait this long before each change")
 	runc := fs.String("runc", "runc", "runc binary")
 	asJSON := fs.Bool("json", false, "print the result as JSON")
 
@@ -116,7 +117,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 
 	res, err := harness.Run(harness.Options{
 		Extension: *ext, Document: doc, DocumentAfter: *docAfter, Until: strings.Split(*until, ","),
-		Wait: *wait, Hold: *hold, Then: *then, ThenDocument: &harness.Document{Environment: thenEnv}, Overrides: over, AfterReady: *afterReady, Changes: *changes,
+		Wait: *wait, Hold: *hold, Then: *then, ThenDocument: &harness.Document{Environment: thenEnv}, Overrides: over, AfterReady: *afterReady, Changes: *changes, ChangeEvery: *changeEvery,
 		Work: os.Getenv(envInside), Runc: runcPath, Log: stderr,
 	})
 	if err != nil {

@@ -55,6 +55,10 @@ type Options struct {
 	// document this many times (its NVIDIA_DRIVER_LOG_LEVEL toggled between debug and info),
 	// each change a restart by Talos, waiting for Until after each; then AfterReady's end.
 	Changes int
+	// ChangeEvery is the wait before each change: the workload gets going before the first.
+	ChangeEvery time.Duration
+
+	callerDir string // the caller's working directory, for AfterReady
 }
 
 // Result is what the host side saw.
@@ -145,6 +149,12 @@ func Run(o Options) (Result, error) {
 	var res Result
 
 	if err := requirePrivateNamespace(); err != nil {
+		return res, err
+	}
+
+	// The Talos-shaped root makes / the working directory (machined's): paths given relative
+	// to the caller's are made absolute first, and -after-ready runs in the caller's.
+	if err := absolute(&o); err != nil {
 		return res, err
 	}
 
@@ -325,12 +335,37 @@ func Run(o Options) (Result, error) {
 	return res, nil
 }
 
+// absolute makes the paths of o absolute and records the caller's working directory.
+func absolute(o *Options) error {
+	cwd, err := os.Getwd()
+	if err != nil {
+		return err
+	}
+
+	o.callerDir = cwd
+
+	for _, p := range []*string{&o.Extension, &o.Work, &o.Runc} {
+		if *p != "" && !filepath.IsAbs(*p) {
+			*p = filepath.Join(cwd, *p)
+		}
+	}
+
+	for target, local := range o.Overrides {
+		if !filepath.IsAbs(local) {
+			o.Overrides[target] = filepath.Join(cwd, local)
+		}
+	}
+
+	return nil
+}
+
 // afterReady runs o.AfterReady; with o.Changes, in the background while the document is
 // changed that many times. It returns the command's exit code and the phase after each change.
 func afterReady(node *talosNode, h hostView, o Options) (int, []string, error) {
 	cmd := exec.Command("bash", "-c", o.AfterReady)
 	cmd.Stdout, cmd.Stderr = o.Log, o.Log
 	cmd.Env = append(os.Environ(), "HARNESS_HOST_ROOT="+HostRootDir(o.Work))
+	cmd.Dir = o.callerDir
 
 	if err := cmd.Start(); err != nil {
 		return 0, nil, fmt.Errorf("starting %q: %w", o.AfterReady, err)
@@ -339,6 +374,8 @@ func afterReady(node *talosNode, h hostView, o Options) (int, []string, error) {
 	var phases []string
 
 	for i := range o.Changes {
+		time.Sleep(o.ChangeEvery)
+
 		doc := withLogLevel(o.Document, []string{"debug", "info"}[i%2])
 		since := time.Now()
 

@@ -332,26 +332,16 @@ func TestRemovedDocumentRestartsTheService(t *testing.T) {
 	assert.Equal(t, harness.MountState{Mounted: true, ReadOnly: true}, res.DriverRootAfter)
 }
 
+// TestBadConfigurationIsReportedAndChangesNothing: a setting the service cannot use. (A MIG
+// layout that cannot be applied is the MIG job's to report, once there are GPUs: the GPUs are
+// then served as they are, pkg/node's TestLayoutThatCannotBeAppliedLeavesTheGPUsServed.)
 func TestBadConfigurationIsReportedAndChangesNothing(t *testing.T) {
-	badMIG := filepath.Join(t.TempDir(), "mig.yaml")
-	require.NoError(t, os.WriteFile(badMIG, []byte("version: v1\nmig-configs:\n  half:\n    - devices: all\n      mig-enabled: true\n      mig-devices: {\"9g.999gb\": 1}\n"), 0o644))
-
 	cases := []struct {
 		name string
 		args []string
 		hold string
 		want []string
 	}{
-		{
-			name: "MIG layout file with an error",
-			args: []string{"-config", "/etc/nvidia-driver/mig.yaml=" + badMIG, "-env", "NVIDIA_DRIVER_MIG_LAYOUT=half"},
-			want: []string{"/etc/nvidia-driver/mig.yaml", "9g.999gb"},
-		},
-		{
-			name: "unknown MIG layout",
-			args: []string{"-env", "NVIDIA_DRIVER_MIG_LAYOUT=no-such-layout"},
-			want: []string{`no layout "no-such-layout"`},
-		},
 		{
 			// Held past Talos's 5 s restart interval: an exit would show as a second start.
 			name: "bad environment variable",
