@@ -380,10 +380,12 @@ func TestMirrorsSocketIntoReadOnlyDriverRoot(t *testing.T) {
 	require.NoError(t, stop())
 }
 
-// TestTalosStopRestartsNothing stops the supervisor the way Talos stops the service: SIGTERM
-// to every process of the container at once (runner/containerd, task.Kill WithKillAll), here
-// in the worst order, the daemon 3 ms before the service's own signal ends ctx. The daemon
-// had been up long enough to count as stable, which once meant an immediate restart.
+// TestTalosStopRestartsNothing: a stop that reaches the daemon before the service (runc 1.1's
+// kill --all signals every process of the container; runc 1.4, Talos v1.13's, the init
+// alone; a user's kill may signal anything), here the daemon 3 ms before the service's own
+// signal ends ctx. The daemon had been up long enough to count as stable, which once meant an
+// immediate restart. Which of the two the supervisor sees first is a race, so only what must
+// hold either way is checked: nothing restarted, the daemon stopped, the supervisor stopped.
 func TestTalosStopRestartsNothing(t *testing.T) {
 	f := newFixture(t, "ok")
 	opts := fast
@@ -406,7 +408,7 @@ func TestTalosStopRestartsNothing(t *testing.T) {
 	}
 
 	assert.NotContains(t, f.logs.String(), "restarting")
-	assert.Contains(t, f.logs.String(), "daemon stopped together with the service")
+	assert.Equal(t, 5, strings.Count(f.logs.String(), "daemon stopped"), "each stop logged once, whichever came first:\n%s", f.logs.String())
 }
 
 func mountsAt(t *testing.T, path string) int {
