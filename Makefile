@@ -43,6 +43,9 @@ binaries:
 	  $(HOOK_PKG)
 	CGO_ENABLED=0 go build -trimpath -ldflags '-s -w' -o $(OUT)/bin/extension ./hack/extension
 	hack/stage-service-rootfs.sh $(OUT)/bin/nvidia-driver $(OUT)/containers/nvidia-driver
+	# ext-nvidia-fabricmanager runs the same binary from a root filesystem of its own.
+	rm -rf $(OUT)/containers/nvidia-fabricmanager
+	cp -a $(OUT)/containers/nvidia-driver $(OUT)/containers/nvidia-fabricmanager
 
 # The development subroot, from Debian's non-free packages (the tests' and the demo's fixture).
 subroot: $(SUBROOT)

@@ -27,6 +27,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/talos-nvidia/nvidia-driver/pkg/config"
+	"github.com/talos-nvidia/nvidia-driver/pkg/document"
 	"github.com/talos-nvidia/nvidia-driver/pkg/gpu/sim"
 	"github.com/talos-nvidia/nvidia-driver/pkg/mig"
 	migcli "github.com/talos-nvidia/nvidia-driver/pkg/mig/cli"
@@ -48,6 +49,7 @@ type patched struct {
 	modules, labels []string
 	env             map[string][]string          // by extension service
 	files           map[string]map[string]string // by service, then mount path
+	service         *config.Config               // the nvidia-driver document's settings
 }
 
 // workerConfig returns a generated worker config, as `talosctl gen config` makes it; it
@@ -108,11 +110,11 @@ func applyPatch(t *testing.T, input *generate.Input, data ...[]byte) patched {
 	for name := range p.env {
 		assert.Equal(t, "nvidia-driver", name, "the extension's service is named nvidia-driver")
 	}
-	if env, ok := p.env["nvidia-driver"]; ok {
-		svc, err := config.Load(env)
-		require.NoError(t, err, "the service rejects its environment")
-		if content, ok := p.files["nvidia-driver"][svc.MIGConfig]; ok {
-			layouts, err := mig.Parse([]byte(content))
+	if _, ok := p.files["nvidia-driver"]; ok {
+		svc := loadService(t, p)
+		p.service = &svc
+		if data, err := os.ReadFile(svc.MIGConfig); err == nil {
+			layouts, err := mig.Parse(data)
 			require.NoError(t, err, "the service rejects its MIG layout file")
 			if svc.MIGLayout != "" && !slices.Contains(mig.BuiltinLayouts(), svc.MIGLayout) {
 				_, err := layouts.Select(svc.MIGLayout)
@@ -121,6 +123,23 @@ func applyPatch(t *testing.T, input *generate.Input, data ...[]byte) patched {
 		}
 	}
 	return p
+}
+
+// loadService loads the nvidia-driver document's settings with the service's own loader, its
+// files laid where Talos writes them on a node (/system/overlays/extensions/nvidia-driver/,
+// package document) under a throwaway host root: the path a document added to a running
+// node takes, and the one that reads the same files as a mounted document.
+func loadService(t *testing.T, p patched) config.Config {
+	t.Helper()
+	host := t.TempDir()
+	dir := string(document.For(host, config.ServiceName))
+	require.NoError(t, os.MkdirAll(dir, 0o755))
+	for mountPath, content := range p.files["nvidia-driver"] {
+		require.NoError(t, os.WriteFile(filepath.Join(dir, document.FileName(mountPath)), []byte(content), 0o644))
+	}
+	svc, err := config.Load(append([]string{"NVIDIA_DRIVER_HOST_ROOT=" + host}, p.env["nvidia-driver"]...))
+	require.NoError(t, err, "the service rejects its document")
+	return svc
 }
 
 func TestMachineConfigPatches(t *testing.T) {
@@ -137,17 +156,22 @@ func TestMachineConfigPatches(t *testing.T) {
 	}{
 		"gpu-worker.patch.yaml": {check: func(t *testing.T, p patched) {
 			assert.Equal(t, []string{"nvidia", "nvidia_uvm", "nvidia_drm", "nvidia_modeset"}, p.modules)
-			// The service waits for its ExtensionServiceConfig (depends: configuration).
-			assert.Equal(t, []string{"NVIDIA_DRIVER_LOG_LEVEL=info"}, p.env["nvidia-driver"])
+			// No document: the service runs with its defaults (docs/extension.md).
+			assert.NotContains(t, p.files, "nvidia-driver")
 			// deploy/'s DaemonSets select on this label (siderolabs/talos#12103).
 			assert.Contains(t, p.labels, "nvidia.com/gpu.present=true")
 		}},
 		"mig.patch.yaml": {gpu: "h200", check: func(t *testing.T, p patched) {
 			assert.Contains(t, p.labels, "nvidia.com/device-plugin.config=mixed")
-			assert.Contains(t, p.env["nvidia-driver"], "NVIDIA_DRIVER_MIG_LAYOUT=h200-balanced")
+			require.NotNil(t, p.service)
+			assert.Equal(t, "h200-balanced", p.service.MIGLayout)
+			// In files, not environment: they reach a service running when the document is added.
+			assert.Empty(t, p.env["nvidia-driver"])
 		}},
 		"mig-patch.yaml": {gpu: "h100-80gb", check: func(t *testing.T, p patched) {
-			assert.Contains(t, p.env["nvidia-driver"], "NVIDIA_DRIVER_MIG_LAYOUT=inference-h100")
+			require.NotNil(t, p.service)
+			assert.Equal(t, "inference-h100", p.service.MIGLayout)
+			assert.Empty(t, p.env["nvidia-driver"])
 		}},
 	}
 
@@ -170,14 +194,13 @@ func TestMachineConfigPatches(t *testing.T) {
 			if c.gpu == "" {
 				return
 			}
-			// A MIG patch goes onto a GPU worker, which already has the service's document:
-			// the two merge into one.
+			// A MIG patch goes onto a GPU worker.
 			p = applyPatch(t, input, worker, data)
 			c.check(t, p)
-			assert.Contains(t, p.env["nvidia-driver"], "NVIDIA_DRIVER_LOG_LEVEL=info")
-			svc, err := config.Load(p.env["nvidia-driver"])
+			svc := *p.service
+			mf, err := os.ReadFile(svc.MIGConfig)
 			require.NoError(t, err)
-			layouts, err := mig.Parse([]byte(p.files["nvidia-driver"][svc.MIGConfig]))
+			layouts, err := mig.Parse(mf)
 			require.NoError(t, err)
 			spec, err := sim.LookupModel(c.gpu)
 			require.NoError(t, err)

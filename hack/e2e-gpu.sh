@@ -121,12 +121,9 @@ result "hook runs in a root with no loader but the subroot's" $r
 C=$out/containers/nvidia-driver
 svc() { "$C/lib64/ld-linux-x86-64.so.2" --library-path "$C/lib/x86_64-linux-gnu" "$C/usr/bin/nvidia-driver" "$@"; }
 export NVIDIA_DRIVER_SUBROOT=/usr/local/glibc NVIDIA_DRIVER_PERSISTENCE_MODE=false
-# Never start a fabric manager on a shared host: a subroot with nv-fabricmanager in it gets the
-# fabric manager turned off unless E2E_FABRIC_MANAGER=1. Without one the service cannot start
-# any, and its NVSwitch job still reports what it found.
-if [ -e /usr/local/glibc/usr/bin/nv-fabricmanager ] && [ "${E2E_FABRIC_MANAGER:-}" != 1 ]; then
-  export NVIDIA_DRIVER_FABRIC_MANAGER=false
-fi
+# ext-nvidia-driver starts no fabric manager (ext-nvidia-fabricmanager does, and this script
+# does not run that service: a shared host's fabric is never touched). Its NVSwitch job still
+# reports what it found.
 export NVIDIA_DRIVER_NFD_FEATURES_DIR=/etc/kubernetes/node-feature-discovery/features.d
 # service_start LOG: run the service in the background (spid) and wait until it is ready (or
 # degraded: an NVSwitch board whose fabric is not up) or gone. exec: $! must be the service
@@ -200,8 +197,8 @@ if [ -n "$(ls /proc/driver/nvidia-nvswitch/devices 2>/dev/null)" ]; then
   [ ! -e /run/nvidia-fabricmanager/fabricmanager.cfg ] && r=PASS || r=FAIL
   result "NVSwitch board: the service started no fabric manager of its own" $r
   if [ "$(pgrep -c nv-fabricmanager || true)" -gt 0 ]; then
-    echo "$fabric" | grep -q 'not starting another\|leaving it alone' && r=PASS || r=FAIL
-    result "NVSwitch board: the running fabric manager is left alone, and the status says so" $r
+    echo "$fabric" | grep -q 'ext-nvidia-fabricmanager service is not running' && r=PASS || r=FAIL
+    result "NVSwitch board: the status names the fabric manager service it found not running" $r
   fi
 else
   [ -z "$fabric" ] && r=PASS || r=FAIL
@@ -329,7 +326,7 @@ for B in ${E2E_BASELINE_CONTAINERS:-${E2E_BASELINE_CONTAINER:-}}; do
     rm -rf "$bsub" && cp -al "$W/subroot" "$bsub" && rmdir "$bsub/dev" 2>/dev/null
   fi
   bstart=$(date +%s%N)
-  ( exec env -u NVIDIA_DRIVER_FABRIC_MANAGER -u NVIDIA_DRIVER_NFD_FEATURES_DIR -u LD_LIBRARY_PATH NVIDIA_DRIVER_SUBROOT="$bsub" \
+  ( exec env -u NVIDIA_DRIVER_NFD_FEATURES_DIR -u LD_LIBRARY_PATH NVIDIA_DRIVER_SUBROOT="$bsub" \
       "$B/lib64/ld-linux-x86-64.so.2" --library-path "$B/lib/x86_64-linux-gnu" "$B/usr/bin/nvidia-driver" run 2>"$W/baseline.log" ) &
   bpid=$!
   wait_phase $bpid 'ready\|failed' 600

@@ -12,10 +12,13 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"slices"
 	"syscall"
+	"time"
 
 	"github.com/talos-nvidia/nvidia-driver/pkg/config"
+	"github.com/talos-nvidia/nvidia-driver/pkg/document"
 	"github.com/talos-nvidia/nvidia-driver/pkg/driverroot"
 	migcli "github.com/talos-nvidia/nvidia-driver/pkg/mig/cli"
 	"github.com/talos-nvidia/nvidia-driver/pkg/node"
@@ -29,6 +32,8 @@ const usage = `nvidia-driver: prepares a Talos node's NVIDIA GPUs.
 
 Usage:
   nvidia-driver [run]            bring the node up and hold it (the extension service)
+  nvidia-driver fabric-manager   run nv-fabricmanager on NVSwitch boards (the
+                                 ext-nvidia-fabricmanager service); idle elsewhere
   nvidia-driver check-root [DIR] check a glibc subroot (default: the configured one)
   nvidia-driver cdi generate [--output FILE] [flags]
                                  generate the node's CDI spec (--help for the flags)
@@ -55,6 +60,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 	switch cmd {
 	case "run":
 		return runService(stderr)
+	case fabricManagerCommand:
+		return runFabricManager(stderr)
 	case "check-root":
 		return checkRoot(args, stdout, stderr)
 	case "cdi":
@@ -137,10 +144,22 @@ func runService(stderr io.Writer) int {
 	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: cfg.LogLevel}))
 	log.Info("starting", "version", version, "subroot", cfg.Subroot, "hostRoot", cfg.HostRoot)
 
+	ctx = watchForFirstDocument(ctx, log, cfg)
+
+	if len(cfg.FromDocument) > 0 {
+		log.Warn("the nvidia-driver ExtensionServiceConfig came after Talos made this container: its files are read from "+document.BaseDir+
+			"; its environment entries, if any, take effect at the next `talosctl service ext-nvidia-driver restart`",
+			"files", cfg.FromDocument)
+	}
+
 	if err != nil {
 		return waitOnInvalidConfig(ctx, log, cfg, err)
 	}
 	logSettings(log, cfg)
+
+	if err := prepareTempDir(); err != nil {
+		log.Warn("no temporary directory: the CDI spec cannot be rendered", "error", err)
+	}
 
 	serveFn := func(ctx context.Context, log *slog.Logger, cfg config.Config) error {
 		return serve(ctx, log, cfg, stderr)
@@ -164,6 +183,70 @@ func runService(stderr io.Writer) int {
 	log.Info("stopped")
 
 	return 0
+}
+
+// errDocumentArrived ends the service's context when its first document arrives.
+var errDocumentArrived = errors.New("the nvidia-driver ExtensionServiceConfig arrived")
+
+// documentPoll is how often a service started without its document looks for one: a stat.
+const documentPoll = 2 * time.Second
+
+// watchForFirstDocument returns a context that ends, with errDocumentArrived as its cause,
+// when the node gets an nvidia-driver document that this process started without. Talos does
+// not restart a running service for its first document (handleRestart: spec version "1"),
+// so the service stops and exits 0, and `restart: always` starts it again in 5 s, when it
+// reads the document's files from Talos's directory (package document). Later changes of the
+// document, and its removal, Talos restarts the service for itself.
+func watchForFirstDocument(ctx context.Context, log *slog.Logger, cfg config.Config) context.Context {
+	root := cfg.HostRoot
+	if root == "" {
+		root = "/"
+	}
+
+	docs := document.For(root, config.ServiceName)
+	if present, err := docs.Present(); present || err != nil {
+		return ctx
+	}
+
+	log.Info("watching for a first nvidia-driver ExtensionServiceConfig", "dir", string(docs))
+
+	ctx, cancel := context.WithCancelCause(ctx)
+
+	go func() {
+		if docs.WaitForArrival(ctx, documentPoll) == nil {
+			log.Info("an nvidia-driver ExtensionServiceConfig arrived: stopping, so that Talos starts the service again with it (restart: always)")
+			cancel(errDocumentArrived)
+		}
+	}()
+
+	return ctx
+}
+
+// prepareTempDir creates the service's TMPDIR (the extension's YAML points it into the
+// service's own /run directory) and removes what a killed predecessor left there: nvcdi's
+// spec renderings (os.CreateTemp pattern "nvcdi-spec-*").
+func prepareTempDir() error {
+	dir := os.Getenv("TMPDIR")
+	if dir == "" {
+		return nil
+	}
+
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return fmt.Errorf("creating TMPDIR: %w", err)
+	}
+
+	stale, err := filepath.Glob(filepath.Join(dir, "nvcdi-spec-*"))
+	if err != nil {
+		return fmt.Errorf("listing TMPDIR: %w", err)
+	}
+
+	for _, p := range stale {
+		if err := os.Remove(p); err != nil {
+			return fmt.Errorf("removing a leftover spec rendering: %w", err)
+		}
+	}
+
+	return nil
 }
 
 // waitOnInvalidConfig reports a configuration that did not load, once, in the log and the

@@ -26,9 +26,9 @@ const (
 // serve wires the node jobs together and runs them until ctx ends. The NVML work runs in
 // child processes (`nvidia-driver nvml-job`), which log to stderr as the service does.
 func serve(ctx context.Context, log *slog.Logger, cfg config.Config, stderr io.Writer) error {
-	exe, err := os.Executable()
+	jobs, err := childJobs(cfg, stderr)
 	if err != nil {
-		return fmt.Errorf("finding the service's own binary for its NVML jobs: %w", err)
+		return err
 	}
 
 	// nvidia-persistenced logs only to syslog. Read /dev/log ourselves, so its lines show in
@@ -54,14 +54,22 @@ func serve(ctx context.Context, log *slog.Logger, cfg config.Config, stderr io.W
 		}
 	}
 
-	jobs := &nvmljobs.Child{
+	return node.New(log, cfg, jobs).Run(ctx)
+}
+
+// childJobs runs NVML jobs in child processes of this binary (`nvidia-driver nvml-job`).
+func childJobs(cfg config.Config, stderr io.Writer) (*nvmljobs.Child, error) {
+	exe, err := os.Executable()
+	if err != nil {
+		return nil, fmt.Errorf("finding the service's own binary for its NVML jobs: %w", err)
+	}
+
+	return &nvmljobs.Child{
 		Command:  []string{exe, nvmlJobCommand},
 		Subroot:  cfg.Subroot,
 		LogLevel: cfg.LogLevel,
 		Stderr:   stderr,
 		StopWait: nvmlJobStopWait,
 		Timeout:  nvmlJobTimeout,
-	}
-
-	return node.New(log, cfg, jobs).Run(ctx)
+	}, nil
 }

@@ -42,11 +42,13 @@ func run(args []string, stdout, stderr io.Writer) int {
 	kind := fs.String("module-kind", "", "open or proprietary (required with -modules)")
 	fs.StringVar(&o.Firmware, "firmware", "", "directory of NVIDIA's firmware files")
 	fs.StringVar(&o.ServiceSpec, "service-spec", "extension/nvidia-driver.yaml", "the service's YAML")
+	fs.StringVar(&o.FabricManagerSpec, "fabricmanager-spec", "extension/nvidia-fabricmanager.yaml", "the fabric manager service's YAML")
 	fs.StringVar(&o.Overlay, "overlay", "extension/rootfs", "files laid over rootfs/")
 	ref := fs.String("image-ref", "", "tag written into the image archive (default: talos-nvidia/<name>:<version>)")
 	noImage := fs.Bool("no-image", false, "assemble and validate only")
 	validate := fs.String("validate", "", "only validate this extension directory (manifest.yaml + rootfs/); with -module-kind also its subroot and kernel modules")
 	driverVersion := fs.String("driver-version", "", "with -validate and -module-kind: the driver version every nvidia*.ko must declare")
+	kernelVersion := fs.String("kernel-version", "", "with -validate: the release's kernel; the image must be that one release's (version suffix, modules of that kernel only)")
 
 	if err := fs.Parse(args); err != nil {
 		return 2
@@ -59,6 +61,14 @@ func run(args []string, stdout, stderr io.Writer) int {
 			fmt.Fprintln(stderr, "extension:", err)
 
 			return 1
+		}
+
+		if *kernelVersion != "" {
+			if err := extension.CheckRelease(*validate, o.TalosVersion, *kernelVersion); err != nil {
+				fmt.Fprintln(stderr, "extension:", err)
+
+				return 1
+			}
 		}
 
 		fmt.Fprintf(stdout, "%s: valid for Talos %s\n", *validate, o.TalosVersion)
@@ -81,7 +91,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	}
 
 	if o.Description == "" {
-		o.Description = "NVIDIA driver root, device nodes, nvidia-persistenced, MIG and CDI for Talos (ext-nvidia-driver)"
+		o.Description = "NVIDIA driver root, device nodes, nvidia-persistenced, MIG and CDI for Talos (ext-nvidia-driver), and nv-fabricmanager on NVSwitch boards (ext-nvidia-fabricmanager)"
 		if o.Modules == "" {
 			o.Description = "DEVELOPMENT BUILD, not a release: no kernel modules, userspace from " + o.Payload + ". " + o.Description
 		}

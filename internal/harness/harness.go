@@ -76,6 +76,12 @@ type Result struct {
 	RootfsPropagates string         `json:"rootfsPropagation"`
 	AfterReadyExit   *int           `json:"afterReadyExit,omitempty"`
 
+	// Up says whether Talos would count the service Up, as the boot's StartAllServices waits
+	// for: a container of it was started (an extension service has no health check).
+	// Failed is Talos's message where the run ended in state Failed.
+	Up     bool   `json:"up"`
+	Failed string `json:"failed,omitempty"`
+
 	// HostRoot is the service's host root (NVIDIA_DRIVER_HOST_ROOT of the document, "/"
 	// by default): the paths above are looked up under it.
 	HostRoot string `json:"hostRoot"`
@@ -133,18 +139,22 @@ func Run(o Options) (Result, error) {
 		return res, err
 	}
 
-	// Talos mounts its root shared (internal/app/init/main.go: the root overlay with
-	// mount.WithShared()); the namespace is private, so nothing propagates off this machine.
-	if err := unix.Mount("", "/", "", unix.MS_SHARED|unix.MS_REC, ""); err != nil {
-		return res, fmt.Errorf("making / shared: %w", err)
-	}
-
 	if err := os.MkdirAll(o.Work, 0o755); err != nil {
 		return res, err
 	}
 
 	if err := unix.Mount("tmpfs", o.Work, "tmpfs", 0, "mode=0755"); err != nil {
 		return res, fmt.Errorf("mounting a scratch tmpfs on %s: %w", o.Work, err)
+	}
+
+	if err := talosRoot(o.Work); err != nil {
+		return res, err
+	}
+
+	// Talos mounts its root shared (internal/app/init/main.go: the root overlay with
+	// mount.WithShared()); the namespace is private, so nothing propagates off this machine.
+	if err := unix.Mount("", "/", "", unix.MS_SHARED|unix.MS_REC, ""); err != nil {
+		return res, fmt.Errorf("making / shared: %w", err)
 	}
 
 	rootfs := filepath.Join(o.Extension, "rootfs")
@@ -226,7 +236,7 @@ func Run(o Options) (Result, error) {
 
 	h := hostView{root: res.HostRoot}
 
-	res.Phase, res.Message, res.Status = h.waitFor(o.Until, o.Wait)
+	res.Phase, res.Message, res.Status = h.waitFor(o.Until, o.Wait, node.runnerFailed)
 	if res.Phase != "" && res.StartMillis == 0 {
 		res.StartMillis = time.Since(start).Milliseconds()
 	}
@@ -283,7 +293,7 @@ func Run(o Options) (Result, error) {
 	if o.Then != "" {
 		second := &Rerun{}
 		if o.Then != ThenRemove {
-			second.Phase, second.Message, _ = h.waitFor(o.Until, o.Wait)
+			second.Phase, second.Message, _ = h.waitFor(o.Until, o.Wait, node.runnerFailed)
 		}
 
 		second.SocketDir = mountCount(filepath.Join(h.path(driverMount), socketDir))
@@ -299,6 +309,7 @@ func Run(o Options) (Result, error) {
 
 	node.mu.Lock()
 	res.Starts, res.Exits, res.Events = node.starts, node.exits, node.events
+	res.Up, res.Failed = !node.upAt.IsZero(), node.failed
 	node.mu.Unlock()
 
 	res.ExitedByItself = len(res.Exits) > 0
@@ -361,9 +372,10 @@ type hostView struct{ root string }
 
 func (h hostView) path(p string) string { return filepath.Join(h.root, p) }
 
-// waitFor polls the status file until its phase is one of until, or wait passes.
-func (h hostView) waitFor(until []string, wait time.Duration) (phase, msg string, st map[string]any) {
-	for deadline := time.Now().Add(wait); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+// waitFor polls the status file until its phase is one of until, wait passes, or failed
+// says that Talos gave up on the service.
+func (h hostView) waitFor(until []string, wait time.Duration, failed func() bool) (phase, msg string, st map[string]any) {
+	for deadline := time.Now().Add(wait); time.Now().Before(deadline) && !failed(); time.Sleep(20 * time.Millisecond) {
 		s, err := readJSON(h.path(statusPath))
 		if err != nil {
 			continue

@@ -2,6 +2,7 @@ package harness_test
 
 import (
 	"encoding/json"
+	"fmt"
 	"io"
 	"log/slog"
 	"os"
@@ -31,12 +32,16 @@ type assembly struct {
 	err       error
 }
 
-var product, demo assembly
+// assemblies are the extensions built for this test binary, by build and service YAML.
+var (
+	assembliesMu sync.Mutex
+	assemblies   = map[string]*assembly{}
+)
 
 func TestMain(m *testing.M) {
 	code := m.Run()
 
-	for _, a := range []*assembly{&product, &demo} {
+	for _, a := range assemblies {
 		if a.work != "" {
 			os.RemoveAll(a.work) //nolint:errcheck // scratch
 		}
@@ -45,17 +50,11 @@ func TestMain(m *testing.M) {
 	os.Exit(code)
 }
 
-func assembled(t *testing.T, a *assembly) string {
+// assembled returns the extension of the product build (demo: the demo build) with the
+// service YAML at spec ("" is the working tree's extension/nvidia-driver.yaml).
+func assembled(t *testing.T, demo bool, spec string) string {
 	t.Helper()
 	testutil.RequireRoot(t)
-
-	if _, err := exec.LookPath("runc"); err != nil {
-		if os.Getenv("CI") != "" {
-			t.Fatal("runc missing: hack/install-test-deps.sh installs it")
-		}
-
-		t.Skip("runc missing: run hack/install-test-deps.sh")
-	}
 
 	top := testutil.RepoRoot(t)
 	out := filepath.Join(top, "_out")
@@ -70,8 +69,22 @@ func assembled(t *testing.T, a *assembly) string {
 		}
 	}
 
+	if spec == "" {
+		spec = filepath.Join(top, "extension/nvidia-driver.yaml")
+	}
+
+	key := fmt.Sprint(demo, spec)
+
+	assembliesMu.Lock()
+	a, ok := assemblies[key]
+	if !ok {
+		a = &assembly{}
+		assemblies[key] = a
+	}
+	assembliesMu.Unlock()
+
 	bin := testutil.ServiceBinary(t)
-	if a == &demo {
+	if demo {
 		bin = testutil.DemoBinary(t)
 	}
 
@@ -99,7 +112,7 @@ func assembled(t *testing.T, a *assembly) string {
 		res, err := extension.Assemble(slog.New(slog.NewTextHandler(io.Discard, nil)), extension.Options{
 			Name: "nvidia-driver-harness", VersionSuffix: "-dev", TalosVersion: "v1.13.5", TalosConstraint: "= v1.13.5",
 			Payload: subroot, ServiceRootfs: ctr,
-			ServiceSpec: filepath.Join(top, "extension/nvidia-driver.yaml"), Overlay: filepath.Join(top, "extension/rootfs"),
+			ServiceSpec: spec, Overlay: filepath.Join(top, "extension/rootfs"),
 			Hook: filepath.Join(out, "bin/nvidia-cdi-hook"), Ldconfig: filepath.Join(out, "bin/ldconfig"),
 			OutDir: filepath.Join(work, "out"),
 		})
@@ -117,12 +130,15 @@ func assembled(t *testing.T, a *assembly) string {
 func run(t *testing.T, args ...string) harness.Result {
 	t.Helper()
 
-	a := &product
-	if slices.ContainsFunc(args, func(s string) bool { return strings.HasPrefix(s, "NVIDIA_DRIVER_SIMULATE=") }) {
-		a = &demo
-	}
+	return runSpec(t, "", args...)
+}
 
-	ext := assembled(t, a)
+// runSpec is run with the service YAML at spec.
+func runSpec(t *testing.T, spec string, args ...string) harness.Result {
+	t.Helper()
+
+	demo := slices.ContainsFunc(args, func(s string) bool { return strings.HasPrefix(s, "NVIDIA_DRIVER_SIMULATE=") })
+	ext := assembled(t, demo, spec)
 	top := testutil.RepoRoot(t)
 
 	bin := filepath.Join(t.TempDir(), "harness")
@@ -131,7 +147,7 @@ func run(t *testing.T, args ...string) harness.Result {
 	out, err := build.CombinedOutput()
 	require.NoError(t, err, "%s", out)
 
-	cmd := exec.Command(bin, append([]string{"-json", "-extension", ext}, args...)...)
+	cmd := exec.Command(bin, append([]string{"-json", "-extension", ext, "-runc", testutil.TalosRunc(t)}, args...)...)
 	cmd.Stderr = os.Stderr
 	out, err = cmd.Output()
 	require.NoError(t, err, "%s", out)
@@ -142,7 +158,7 @@ func run(t *testing.T, args ...string) harness.Result {
 	return res
 }
 
-// minimal is the document of docs/examples/gpu-worker.patch.yaml: the service waits for one.
+// minimal is a document with one setting.
 var minimal = []string{"-env", "NVIDIA_DRIVER_LOG_LEVEL=info"}
 
 // simulated is a document for a node of simulated GPUs (the demo build of the service) whose
@@ -160,12 +176,13 @@ func simulated(extra ...string) []string {
 func TestServiceWaitsForTheDriverAndStopsCleanly(t *testing.T) {
 	res := run(t, append(minimal, "-until", "waiting,ready,failed", "-hold", "3s")...)
 
-	if len(res.DependsMet) > 0 {
+	if _, err := os.Stat("/proc/driver/nvidia/version"); err == nil {
 		t.Skip("this host has an NVIDIA driver loaded: the CI case is for hosts without one")
 	}
 
 	assert.Equal(t, "ext-nvidia-driver", res.Service)
-	assert.Equal(t, []string{"/proc/driver/nvidia/version"}, res.DependsUnmet, "Talos would wait on this dependency")
+	assert.True(t, res.Up, "Talos counts the service Up, so the boot goes on: %v", res.Events)
+	assert.Empty(t, res.Failed)
 	assert.Equal(t, "shared", res.RootfsPropagates)
 
 	assert.Equal(t, "waiting", res.Phase, res.Log)
@@ -202,27 +219,39 @@ func TestDriverRootHasItsOwnPeerGroup(t *testing.T) {
 	assert.NotEqual(t, subroot, driver, "not a peer of /usr/local/glibc")
 }
 
-// TestServiceWaitsForItsConfiguration: without an ExtensionServiceConfig Talos never starts
-// the service (depends: configuration).
-func TestServiceWaitsForItsConfiguration(t *testing.T) {
-	res := run(t, "-until", "waiting,ready,failed", "-wait", "2s", "-hold", "0s")
+// TestServiceRunsWithoutADocument: a node without the nvidia-driver document (a patch that
+// forgot it, a non-GPU node from the same installer) finishes booting: the service is Up with
+// the defaults and says what it waits for.
+func TestServiceRunsWithoutADocument(t *testing.T) {
+	res := run(t, "-until", "waiting,ready,failed", "-wait", "20s", "-hold", "0s")
 
-	assert.Equal(t, 0, res.Starts, "Talos holds it until the document exists")
-	assert.Contains(t, res.Events, "Waiting for extension service config")
-	assert.False(t, res.DriverRoot.Mounted)
+	assert.True(t, res.Up, "Up: StartAllServices goes on: %v", res.Events)
+	assert.Equal(t, 1, res.Starts, "%v", res.Events)
+	assert.NotContains(t, res.Events, "Waiting for extension service config")
+	assert.Contains(t, []string{"waiting", "ready"}, res.Phase, res.Log)
+	assert.Contains(t, res.Log, "watching for a first nvidia-driver ExtensionServiceConfig", res.Log)
+	assert.True(t, res.DriverRoot.Mounted, "the driver root is there, as with a document")
 }
 
 // TestFirstDocumentReachesRunningService: the node booted without the document and gets it
 // later, the normal way to add a MIG layout. Talos does not restart a running service for a
-// document at version "1"; the service must have waited for it, and apply it.
+// document at version "1" and would not mount its files into the running container; the
+// service notices the document, exits 0, is started again by `restart: always`, and reads
+// the document's file from Talos's directory.
 func TestFirstDocumentReachesRunningService(t *testing.T) {
-	res := run(t, simulated("-env", "NVIDIA_DRIVER_PERSISTENCED=false", "-env", "NVIDIA_DRIVER_MIG_LAYOUT=all-balanced",
-		"-document-after", "2s", "-until", "ready,failed", "-wait", "30s", "-hold", "0s")...)
+	cfg := filepath.Join(t.TempDir(), "config.yaml")
+	require.NoError(t, os.WriteFile(cfg, []byte("version: v1alpha1\npersistenced: false\n"), 0o644))
 
-	require.Equal(t, "ready", res.Phase, "%v\n%s", res.Events, res.Log)
-	assert.Contains(t, res.Message, `MIG layout "all-balanced": success`)
-	assert.Equal(t, 1, res.Starts, "started once, with its document: %v", res.Events)
+	res := run(t, "-config", "/etc/nvidia-driver/config.yaml="+cfg,
+		"-document-after", "2s", "-until", "waiting,ready,failed", "-wait", "30s", "-hold", "12s")
+
 	assert.Contains(t, res.Events, "service running and config at version 1: no restart (it is assumed to wait for its configuration)")
+	assert.Contains(t, res.Log, "an nvidia-driver ExtensionServiceConfig arrived", res.Log)
+	assert.Equal(t, []int{0}, res.Exits, "it stopped once, cleanly, for the document: %v", res.Events)
+	assert.Equal(t, 2, res.Starts, "%v", res.Events)
+	assert.Contains(t, res.Log, "key=persistenced from=/system/overlays/extensions/nvidia-driver/etc-nvidia-driver-config.yaml",
+		"the second run read the document's file from Talos's directory:\n%s", res.Log)
+	assert.Contains(t, res.Log, "came after Talos made this container", res.Log)
 }
 
 // TestTalosStopKeepsTheSocketMount: the service runs nvidia-persistenced (the fake daemon in
@@ -272,13 +301,12 @@ func TestChangedDocumentRestartsTheService(t *testing.T) {
 }
 
 // TestRemovedDocumentRestartsTheService: removing the document restarts the service, which
-// then waits for a new one; what running containers use stays.
+// runs again with the defaults; what running containers use stays.
 func TestRemovedDocumentRestartsTheService(t *testing.T) {
 	res := run(t, append(minimal, "-until", "waiting,ready,failed", "-hold", "0s", "-then", "remove")...)
 
-	assert.Equal(t, 1, res.Starts, "restarted, and waiting for a document: %v", res.Events)
+	assert.Equal(t, 2, res.Starts, "restarted, without a document: %v", res.Events)
 	assert.Contains(t, res.Events, "extension service config changed, restarting")
-	assert.Equal(t, "Waiting for extension service config", res.Events[len(res.Events)-1], "%v", res.Events)
 	assert.Equal(t, 0, res.ExitCode, res.Log)
 	assert.Equal(t, harness.MountState{Mounted: true, ReadOnly: true}, res.DriverRootAfter)
 }
@@ -334,6 +362,83 @@ func TestBadConfigurationIsReportedAndChangesNothing(t *testing.T) {
 			assert.False(t, res.DriverRoot.Mounted, "nothing mounted")
 			assert.False(t, res.ReadyFile)
 			assert.NotContains(t, res.DevEntries, "nvidiactl")
+		})
+	}
+}
+
+// TestTalosCanRunTheServiceYAML: what machined does with the service YAML before the service
+// runs (harness talos.go, root.go). The shipped YAML is Up on a node without a GPU or a
+// document; each variant below brings back a defect the shipped one fixed (f0d7957 had all
+// three), and the harness must catch it, as Talos would.
+func TestTalosCanRunTheServiceYAML(t *testing.T) {
+	shipped, err := os.ReadFile(filepath.Join(testutil.RepoRoot(t), "extension/nvidia-driver.yaml"))
+	require.NoError(t, err)
+
+	cases := []struct {
+		name   string
+		edit   func(string) string
+		up     bool
+		failed string // Talos's Failed message, "" for none
+		event  string // an event Talos shows
+	}{
+		{name: "shipped", edit: func(s string) string { return s }, up: true},
+		{
+			// machined's Runner: os.MkdirAll("tmpfs") from its working directory, the read-only /.
+			name: "relative tmpfs source",
+			edit: func(s string) string {
+				return s + "    - source: tmpfs\n      destination: /tmp\n      type: tmpfs\n      options: [nosuid, nodev, noexec, mode=1777, size=16m]\n"
+			},
+			failed: "Failed to create runner: mkdir tmpfs: read-only file system",
+		},
+		{
+			// /etc/kubernetes is read-only until cri's volumes are mounted.
+			name:   "NFD directory without waiting for cri",
+			edit:   func(s string) string { return strings.Replace(s, "  - service: cri\n", "", 1) },
+			failed: "Failed to create runner: mkdir /etc/kubernetes/node-feature-discovery: read-only file system",
+		},
+		{
+			// A dependency that never comes true holds the service Waiting: the boot stalls.
+			name: "path dependency on the module",
+			edit: func(s string) string {
+				return strings.Replace(s, "depends:\n", "depends:\n  - path: /proc/driver/nvidia/version\n", 1)
+			},
+			event: `Waiting for file "/proc/driver/nvidia/version" to exist`,
+		},
+		{
+			name: "configuration dependency",
+			edit: func(s string) string {
+				return strings.Replace(s, "depends:\n", "depends:\n  - configuration: true\n", 1)
+			},
+			event: "Waiting for extension service config",
+		},
+	}
+
+	if _, err := os.Stat("/proc/driver/nvidia/version"); err == nil {
+		t.Skip("this host has an NVIDIA driver loaded: the cases are for a node without one")
+	}
+
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			spec := filepath.Join(t.TempDir(), "nvidia-driver.yaml")
+			edited := tc.edit(string(shipped))
+			require.NoError(t, os.WriteFile(spec, []byte(edited), 0o644))
+
+			if tc.name != "shipped" {
+				require.NotEqual(t, string(shipped), edited, "the variant must change the YAML")
+			}
+
+			res := runSpec(t, spec, "-until", "waiting,ready,failed", "-wait", "8s", "-hold", "0s")
+
+			assert.Equal(t, tc.up, res.Up, "Up (the boot goes on): %v", res.Events)
+			assert.Equal(t, tc.failed, res.Failed, "%v", res.Events)
+
+			if tc.event != "" {
+				assert.Contains(t, res.Events, tc.event)
+			}
+
+			if !tc.up {
+				assert.Equal(t, 0, res.Starts, "%v", res.Events)
+			}
 		})
 	}
 }

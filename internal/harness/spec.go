@@ -1,15 +1,19 @@
-// Package harness runs the extension service the way Talos v1.13 runs it, with Debian's
-// runc instead of Talos's containerd, inside a private mount namespace where the
-// extension's files lie over the host paths as Talos lays them. Nothing on the machine
-// changes: every host path the service touches (/run, /dev, the extension's paths) is a
-// throwaway mount in that namespace.
+// Package harness runs the extension service the way Talos v1.13 runs it, with runc (the
+// tests give it runc 1.4.3, the version Talos v1.13 ships) instead of Talos's containerd,
+// inside a private mount namespace whose root is shaped as a Talos node's (root.go) and
+// where the extension's files lie over the host paths as Talos lays them. Nothing on the
+// machine changes: the build machine's root is detached from the namespace, and every path
+// the service touches is a throwaway mount in it.
+//
+// A real Talos node (machined from the Talos module) is the judge of what Talos does; the
+// harness keeps what that node cannot show quickly: faults at exact moments, the daemons'
+// stop, and the service's own waits on a machine without a GPU.
 package harness
 
 import (
 	"context"
 	"fmt"
 	"path/filepath"
-	"strings"
 
 	"github.com/containerd/containerd/v2/contrib/seccomp"
 	"github.com/containerd/containerd/v2/core/containers"
@@ -19,6 +23,8 @@ import (
 	"github.com/siderolabs/talos/pkg/machinery/constants"
 	"github.com/siderolabs/talos/pkg/machinery/extensions/services"
 	"golang.org/x/sys/unix"
+
+	"github.com/talos-nvidia/nvidia-driver/pkg/document"
 )
 
 // ConfigFile is one file of an ExtensionServiceConfig: Talos writes its content (0644) on the
@@ -37,7 +43,7 @@ type ServiceConfig struct {
 // ConfigFileName is where Talos writes an ExtensionServiceConfig file for a service:
 // <base>/<service>/<mountPath with "/" replaced by "-">.
 func ConfigFileName(base, service, mountPath string) string {
-	return filepath.Join(base, service, strings.ReplaceAll(strings.TrimPrefix(mountPath, "/"), "/", "-"))
+	return filepath.Join(base, service, document.FileName(mountPath))
 }
 
 // Spec builds the OCI runtime spec of an extension service as Talos v1.13's extension

@@ -13,32 +13,47 @@ import (
 	"time"
 
 	"github.com/siderolabs/talos/pkg/machinery/extensions/services"
+
+	"github.com/talos-nvidia/nvidia-driver/pkg/document"
 )
 
 // This file models what Talos v1.13 does with an extension service, from its source
-// (siderolabs/talos, internal/app/machined):
+// (siderolabs/talos v1.13.9, internal/app/machined):
 //
 //   - pkg/controllers/runtime/extension_service.go (ExtensionServiceController): at boot it
 //     loads every service and starts it; when the spec version of a service's
 //     ExtensionServiceConfig status changes it stops and starts the service, except for
 //     version "1" while the service is running; when the document goes away it restarts it.
 //   - pkg/controllers/runtime/extension_service_config_files.go: the document's files are
-//     written 0644 on the host; the status's spec version is the document's resource
-//     version, "1" when it is created and one more on every change.
-//   - pkg/system/services/extension.go: Condition waits for each `depends` entry
-//     (configuration: for the document; service_runner.go checks it every second); Runner,
-//     called once the condition holds, creates
-//     missing mount sources 0700, adds the document's files (read-only binds) and
-//     environment, and wraps the container runner in the restart policy.
+//     written 0644 under constants.ExtensionServiceUserConfigPath/<name>/ (this directory is
+//     created for every document and removed with it); the status's spec version is the
+//     document's resource version, "1" when it is created and one more on every change.
+//   - pkg/system/service_runner.go (Run): the service waits, in state Waiting, for the services
+//     it depends on to be Up and for its Condition; then Runner is built, and an error there
+//     ends the run in state Failed ("Failed to create runner: ...", system.go), never retried.
+//   - pkg/system/services/extension.go: DependsOn is containerd plus each `service` entry;
+//     Condition waits for each `path` ("file %q to exist", pkg/conditions/files.go) and
+//     `configuration` entry; Runner creates missing mount sources with os.MkdirAll(source,
+//     0700) from machined's working directory, `/`, which is read-only (root.go), adds the
+//     document's files (read-only binds) and environment, and wraps the container runner in
+//     the restart policy: a process that exits is started again with the same mounts and
+//     environment.
 //   - pkg/system/runner/restart/restart.go: `restart: always` is Forever: a container that
 //     exits, with any code, is started again after RestartInterval, 5 s (untilSuccess: only
 //     after a non-zero code; never: not at all).
-//   - pkg/system/runner/containerd/containerd.go: stop is task.Kill(SIGTERM, WithKillAll),
-//     a signal to every process of the container at once, then SIGKILL after the graceful
-//     shutdown timeout, 10 s (pkg/system/runner/runner.go).
+//   - pkg/system/runner/containerd/containerd.go: stop is task.Kill(SIGTERM, WithKillAll), then
+//     SIGKILL after the graceful shutdown timeout, 10 s (pkg/system/runner/runner.go). runc
+//     1.2 and later (Talos v1.13 ships 1.4.x, siderolabs/pkgs) ignore --all for a container
+//     with its own PID namespace: SIGTERM reaches the container's init alone, and the kernel
+//     kills the rest when it exits. The harness runs the runc it is given: the tests give it
+//     runc 1.4.3 (hack/k8s-node/build.sh).
+//   - pkg/runtime/v1alpha1/v1alpha1_sequencer_tasks.go (StartAllServices): the boot waits for
+//     every loaded service to be Up (for a service without a health check: Running) for up to
+//     constants.BootTimeout, 70 min; Result.Up says whether this one got there.
 //
-// What the harness does not model: a `path` dependency is reported, not waited on (the
-// service's own wait is what the tests look at), and nothing else runs on the node.
+// Of the other services only cri is modelled, as Up from the start: a service that depends
+// on it starts once its volumes are mounted (/etc/kubernetes writable, root.go); one that
+// does not may start before (the harness takes that case, the one that fails).
 
 const (
 	// restartInterval is restart.go's default RestartInterval.
@@ -74,6 +89,10 @@ type talosNode struct {
 	starts  int
 	exits   []int // exit codes of containers that exited by themselves
 	events  []string
+	upAt    time.Time // when the first container started: the service was Up
+	failed  string    // the Failed state's message: the runner could not be built
+	criOnce sync.Once
+	criErr  error
 }
 
 // serviceRun is one Start of the service: its condition, then the restart loop.
@@ -142,6 +161,10 @@ func (n *talosNode) removeDocument() {
 	n.doc, n.version, n.cached = nil, 0, ""
 	n.mu.Unlock()
 
+	if err := n.deleteDocument(); err != nil {
+		n.event("removing the document's directory: %v", err)
+	}
+
 	n.event("ExtensionServiceConfig for %s removed", n.svc.Name)
 	n.handleRestart("nan")
 }
@@ -206,6 +229,14 @@ func (n *talosNode) stop() *serviceRun {
 	return r
 }
 
+// runnerFailed reports whether the service's run ended in state Failed.
+func (n *talosNode) runnerFailed() bool {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+
+	return n.failed != ""
+}
+
 func (n *talosNode) lastStopped() *serviceRun {
 	n.mu.Lock()
 	defer n.mu.Unlock()
@@ -216,14 +247,21 @@ func (n *talosNode) lastStopped() *serviceRun {
 func (n *talosNode) serve(r *serviceRun) {
 	defer close(r.done)
 
-	if !n.waitCondition(r) {
+	if !n.waitDependencies(r) || !n.waitCondition(r) {
 		return
 	}
 
 	for {
 		exited, code, err := n.runContainer(r)
 		if err != nil {
-			n.event("container: %v", err)
+			// service_runner.go Run and system.go: the run ends in state Failed.
+			msg := "Failed to create runner: " + err.Error()
+
+			n.mu.Lock()
+			n.failed = msg
+			n.mu.Unlock()
+
+			n.event("%s", msg)
 
 			return
 		}
@@ -253,24 +291,65 @@ func (n *talosNode) serve(r *serviceRun) {
 	}
 }
 
-// waitCondition waits for the `configuration` dependency, if the service has one. It
-// reports whether to go on (false: stopped while waiting).
-func (n *talosNode) waitCondition(r *serviceRun) bool {
-	if !dependsOnConfiguration(n.svc) {
-		return true
+// waitDependencies waits for the services the service depends on (DependsOn). cri is Up
+// from the start, its volumes mounted; any other would hold the service Waiting for good.
+// It reports whether to go on (false: stopped while waiting).
+func (n *talosNode) waitDependencies(r *serviceRun) bool {
+	for _, d := range n.svc.Depends {
+		if d.Service == "" {
+			continue
+		}
+
+		if d.Service == "cri" {
+			n.criOnce.Do(func() { n.criErr = criOverlays() })
+
+			if n.criErr == nil {
+				continue
+			}
+
+			n.event("cri: %v", n.criErr)
+		}
+
+		n.event("Waiting for service %q to be %q", d.Service, "up")
+		<-r.stop
+
+		return false
 	}
 
-	for said := false; ; said = true {
-		n.mu.Lock()
-		ok := n.doc != nil
-		n.mu.Unlock()
+	return true
+}
 
-		if ok {
+// waitCondition waits for the `configuration` and `path` dependencies, as Condition does,
+// checking every second (service_runner.go WaitConditionCheckInterval). It reports whether
+// to go on (false: stopped while waiting).
+func (n *talosNode) waitCondition(r *serviceRun) bool {
+	for said := ""; ; {
+		var waiting []string
+
+		for _, d := range n.svc.Depends {
+			switch {
+			case d.Configuration:
+				n.mu.Lock()
+				ok := n.doc != nil
+				n.mu.Unlock()
+
+				if !ok {
+					waiting = append(waiting, "extension service config")
+				}
+			case d.Path != "":
+				if !exists(d.Path) {
+					waiting = append(waiting, fmt.Sprintf("file %q to exist", d.Path))
+				}
+			}
+		}
+
+		if len(waiting) == 0 {
 			return true
 		}
 
-		if !said {
-			n.event("Waiting for extension service config")
+		if msg := "Waiting for " + strings.Join(waiting, ", "); msg != said {
+			n.event("%s", msg)
+			said = msg
 		}
 
 		select {
@@ -323,6 +402,9 @@ func (n *talosNode) runContainer(r *serviceRun) (exited bool, code int, err erro
 
 	n.mu.Lock()
 	n.starts++
+	if n.upAt.IsZero() {
+		n.upAt = time.Now()
+	}
 	n.mu.Unlock()
 
 	n.event("started task %s", runcID)
@@ -338,10 +420,10 @@ func (n *talosNode) runContainer(r *serviceRun) (exited bool, code int, err erro
 	case <-r.stop:
 	}
 
-	// containerd.go: SIGTERM to every process of the container, SIGKILL after the grace.
+	// containerd.go: SIGTERM with --all (runc 1.4: to the init alone), SIGKILL after the grace.
 	start := time.Now()
 
-	n.event("sending SIGTERM to every process of %s", runcID)
+	n.event("sending SIGTERM to %s (runc kill --all)", runcID)
 
 	if out, err := exec.Command(n.runc, "--root", runcRoot, "kill", "--all", runcID, "TERM").CombinedOutput(); err != nil {
 		n.event("runc kill TERM: %v: %s", err, strings.TrimSpace(string(out)))
@@ -382,25 +464,48 @@ func (n *talosNode) containerRun() []string {
 	return dirNames(fmt.Sprintf("/proc/%d/root/run", st.Pid))
 }
 
-func (n *talosNode) configBase() string {
-	return filepath.Join(n.work, "system/overlays/extensions")
-}
+func (n *talosNode) configBase() string { return document.BaseDir }
 
-// writeDocument does what ExtensionServiceConfigFilesController does: each file is written
-// 0644 under <base>/<service>/.
+// writeDocument does what ExtensionServiceConfigFilesController does: the service's
+// directory is created for every document, each file is written 0644 in it, and what the
+// document no longer has is removed.
 func (n *talosNode) writeDocument(doc *Document) error {
+	dir := filepath.Join(n.configBase(), n.svc.Name)
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return err
+	}
+
+	keep := map[string]bool{}
+
 	for mountPath, content := range doc.Files {
 		p := ConfigFileName(n.configBase(), n.svc.Name, mountPath)
-		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
-			return err
-		}
+		keep[p] = true
 
 		if err := os.WriteFile(p, []byte(content), 0o644); err != nil {
 			return err
 		}
 	}
 
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		return err
+	}
+
+	for _, e := range entries {
+		if p := filepath.Join(dir, e.Name()); !keep[p] {
+			if err := os.RemoveAll(p); err != nil {
+				return err
+			}
+		}
+	}
+
 	return nil
+}
+
+// deleteDocument removes the service's directory, as the controller does for a document
+// that is gone.
+func (n *talosNode) deleteDocument() error {
+	return os.RemoveAll(filepath.Join(n.configBase(), n.svc.Name))
 }
 
 // serviceConfig is what a document adds to the service's container.
@@ -417,16 +522,6 @@ func serviceConfig(base, service string, doc *Document) ServiceConfig {
 	}
 
 	return cfg
-}
-
-func dependsOnConfiguration(svc services.Spec) bool {
-	for _, d := range svc.Depends {
-		if d.Configuration {
-			return true
-		}
-	}
-
-	return false
 }
 
 func exitCode(err error) int {

@@ -31,7 +31,12 @@ const (
 	ExtensionsVarsFile     = "extensions-nvidia-gpu-vars.yaml"
 	ExtensionsMakefileFile = "extensions-Makefile"
 	PkgsPkgfileFile        = "pkgs-Pkgfile"
+	ExtensionsBaseFile     = "extensions-internal-base-pkg.yaml"
 )
+
+// toolsImage is how siderolabs' base stage names the tools image (internal/base/pkg.yaml):
+// the recipes' base stage takes it the same way, from the release's TOOLS.
+const toolsImage = "{{ .BUILD_ARG_TOOLS_PREFIX }}/tools:{{ .BUILD_ARG_TOOLS }}"
 
 // Branches are NVIDIA's driver branches that Talos builds kernel modules for.
 var Branches = []string{"lts", "production"}
@@ -43,6 +48,12 @@ type Release struct {
 	// From siderolabs/extensions at the release's tag: the bldr frontend and pkgs version
 	// its Makefile pins, the Wolfi image by digest.
 	BldrRelease, ExtensionsPkgs, WolfiBaseRef string
+	// ExtensionsTools is the tools version siderolabs/extensions' Makefile pins (TOOLS); it
+	// must be the machinery's.
+	ExtensionsTools string
+	// Validator is the extensions-validator image of siderolabs' base stage
+	// (internal/base/pkg.yaml) at the release's tag.
+	Validator string
 	// Drivers by branch: versions and archive checksums from siderolabs/pkgs at the
 	// release's pkgs version, fabric manager checksums from siderolabs/extensions.
 	Drivers map[string]Driver
@@ -202,7 +213,18 @@ func ReadRelease(dir string, m Machinery) (Release, error) {
 		return r, err
 	}
 
-	r.BldrRelease, r.ExtensionsPkgs, r.WolfiBaseRef = mk["BLDR_RELEASE"], mk["PKGS"], ext["WOLFI_BASE_REF"]
+	r.BldrRelease, r.ExtensionsPkgs, r.ExtensionsTools, r.WolfiBaseRef = mk["BLDR_RELEASE"], mk["PKGS"], mk["TOOLS"], ext["WOLFI_BASE_REF"]
+
+	validator, err := readBase(filepath.Join(dir, ExtensionsBaseFile))
+	if err != nil {
+		errs = append(errs, err)
+	}
+
+	r.Validator = validator
+
+	if r.ExtensionsTools != m.Tools {
+		errs = append(errs, fmt.Errorf("%s: siderolabs/extensions builds with tools %q, Talos %s with %q", filepath.Join(dir, ExtensionsMakefileFile), r.ExtensionsTools, talos, m.Tools))
+	}
 
 	if r.ExtensionsPkgs != m.Pkgs {
 		errs = append(errs, fmt.Errorf("%s: siderolabs/extensions builds against pkgs %q, Talos %s against %q", filepath.Join(dir, ExtensionsMakefileFile), r.ExtensionsPkgs, talos, m.Pkgs))
@@ -215,11 +237,13 @@ func ReadRelease(dir string, m Machinery) (Release, error) {
 		errs = append(errs, fmt.Errorf("%s: vendored from pkgs %q, Talos %s is built from pkgs %q", filepath.Join(dir, PkgsPkgfileFile), tag, talos, m.Pkgs))
 	}
 
-	switch tag, err := provenanceTag(filepath.Join(dir, ExtensionsVarsFile)); {
-	case err != nil:
-		errs = append(errs, err)
-	case tag != talos:
-		errs = append(errs, fmt.Errorf("%s: vendored from extensions %q, not %s", filepath.Join(dir, ExtensionsVarsFile), tag, talos))
+	for _, f := range []string{ExtensionsVarsFile, ExtensionsBaseFile} {
+		switch tag, err := provenanceTag(filepath.Join(dir, f)); {
+		case err != nil:
+			errs = append(errs, err)
+		case tag != talos:
+			errs = append(errs, fmt.Errorf("%s: vendored from extensions %q, not %s", filepath.Join(dir, f), tag, talos))
+		}
 	}
 
 	for _, b := range Branches {
@@ -249,13 +273,47 @@ func ReadRelease(dir string, m Machinery) (Release, error) {
 		r.Drivers[b] = d
 	}
 
-	for what, v := range map[string]string{"BLDR_RELEASE": r.BldrRelease, "WOLFI_BASE_REF": r.WolfiBaseRef} {
+	for what, v := range map[string]string{"BLDR_RELEASE": r.BldrRelease, "WOLFI_BASE_REF": r.WolfiBaseRef, "TOOLS": r.ExtensionsTools} {
 		if v == "" {
 			errs = append(errs, fmt.Errorf("%s: no %s", dir, what))
 		}
 	}
 
 	return r, errors.Join(errs...)
+}
+
+// readBase reads siderolabs' base stage and returns its extensions-validator image. The
+// stage must be what the recipes' own base stage copies: scratch, the tools image of the
+// build's TOOLS, the validator, everything finalized at /.
+func readBase(path string) (string, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return "", err
+	}
+
+	var p Pkg
+	if err := yaml.Unmarshal(data, &p); err != nil {
+		return "", yamlErr(path, err)
+	}
+
+	var validator string
+
+	images := map[string]bool{}
+
+	for _, d := range p.Dependencies {
+		images[d.Image] = true
+
+		if strings.Contains(d.Image, "/extensions-validator:") || strings.Contains(d.Image, "/extensions-validator@") {
+			validator = d.Image
+		}
+	}
+
+	if p.Name != "base" || p.Variant != "scratch" || len(p.Dependencies) != 2 || !images[toolsImage] || validator == "" ||
+		len(p.Finalize) != 1 || p.Finalize[0] != (Finalize{From: "/", To: "/"}) {
+		return "", fmt.Errorf("%s: not the base stage the recipes follow (scratch; the images %s and extensions-validator; finalize / to /): compare stages/base/pkg.yaml", path, toolsImage)
+	}
+
+	return validator, nil
 }
 
 func readYAMLVars(path, under string) (map[string]string, error) {
@@ -352,4 +410,15 @@ func LoadReleases(dir string) ([]Release, error) {
 	}
 
 	return out, nil
+}
+
+// Floor is the first release of r's minor line (v1.13.0 for v1.13.9): the lowest Talos
+// version the manifest's constraint admits.
+func (r Release) Floor() string {
+	v, err := semver.ParseTolerant(r.Talos)
+	if err != nil {
+		return r.Talos
+	}
+
+	return fmt.Sprintf("v%d.%d.0", v.Major, v.Minor)
 }

@@ -53,6 +53,21 @@ func TestReleaseDataMustAgree(t *testing.T) {
 			want:      "machinery gendata says Talos v1.13.8",
 		},
 		{
+			name: "extensions built with other tools",
+			file: recipes.ExtensionsMakefileFile, old: "TOOLS ?= v1.13.0-9-ga201d19", new: "TOOLS ?= v1.13.0-6-g9b78252",
+			want: "siderolabs/extensions builds with tools \"v1.13.0-6-g9b78252\", Talos v1.13.9 with \"v1.13.0-9-ga201d19\"",
+		},
+		{
+			name: "a base stage of another shape",
+			file: recipes.ExtensionsBaseFile, old: "variant: scratch", new: "variant: alpine",
+			want: "not the base stage the recipes follow",
+		},
+		{
+			name: "base stage of another release",
+			file: recipes.ExtensionsBaseFile, old: "tag v1.13.9", new: "tag v1.13.8",
+			want: "vendored from extensions \"v1.13.8\", not v1.13.9",
+		},
+		{
 			name: "no provenance header",
 			file: recipes.ExtensionsVarsFile, old: "# Vendored from", new: "# Copied from",
 			want: "no provenance header",
@@ -64,7 +79,7 @@ func TestReleaseDataMustAgree(t *testing.T) {
 			dir := filepath.Join(t.TempDir(), talos)
 			require.NoError(t, os.MkdirAll(dir, 0o755))
 
-			for _, f := range []string{recipes.PkgsPkgfileFile, recipes.ExtensionsVarsFile, recipes.ExtensionsMakefileFile} {
+			for _, f := range []string{recipes.PkgsPkgfileFile, recipes.ExtensionsVarsFile, recipes.ExtensionsMakefileFile, recipes.ExtensionsBaseFile} {
 				data, err := os.ReadFile(filepath.Join(src, f))
 				require.NoError(t, err)
 
@@ -85,6 +100,8 @@ func TestReleaseDataMustAgree(t *testing.T) {
 			if tc.want == "" {
 				require.NoError(t, err)
 				assert.Equal(t, "v0.6.2", r.BldrRelease)
+				assert.Equal(t, "ghcr.io/siderolabs/extensions-validator:84cecb0", r.Validator)
+				assert.Equal(t, "v1.13.0", r.Floor())
 				assert.Equal(t, recipes.Driver{
 					Version:             "595.91.07",
 					SHA256:              "93e0487897e843be767a3d259dffea8ac32dffff846e83df8d3abbf30be754ae",

@@ -90,7 +90,7 @@ func TestRecipeTreeLoads(t *testing.T) {
 	rs := releases(t)
 
 	flavors := recipes.Flavors()
-	want := []string{"nvidia-driver-binaries", "nvidia-driver-glibc", "nvidia-userspace-lts", "nvidia-userspace-production"}
+	want := []string{"base", "nvidia-driver-binaries", "nvidia-driver-glibc", "nvidia-userspace-lts", "nvidia-userspace-production"}
 	attached := map[string]string{}
 
 	for _, f := range flavors {
@@ -118,7 +118,45 @@ func TestRecipeTreeLoads(t *testing.T) {
 		// The root package builds from the module source: bldr copies its directory, the
 		// repository root, into /pkg.
 		assert.Equal(t, ".", tr.Pkg("nvidia-driver-binaries").Dir)
+
+		// The final stages are shaped as siderolabs' (internal/base/pkg.yaml and the
+		// nvidia-gpu final stages at the release's tag): scratch on the base stage, which
+		// is the release's tools image and siderolabs' validator image, merged at /.
+		r := rs[0]
+		if args["TALOS_VERSION"] != "" {
+			r = releaseOf(t, rs, args["TALOS_VERSION"])
+		}
+
+		base := tr.Pkg("base")
+		require.NotNil(t, base)
+		assert.Equal(t, "scratch", base.Variant)
+		assert.Equal(t, []recipes.Dependency{{Image: "ghcr.io/siderolabs/tools:" + r.Tools}, {Image: r.Validator}}, base.Dependencies)
+		assert.Equal(t, []recipes.Finalize{{From: "/", To: "/"}}, base.Finalize)
+
+		for _, f := range flavors {
+			p := tr.Pkg(f.Name)
+			assert.Equal(t, "scratch", p.Variant, f.Name)
+			assert.Equal(t, recipes.Dependency{Stage: "base"}, p.Dependencies[0], "%s: the base stage is its build root", f.Name)
+
+			for _, d := range p.Dependencies {
+				assert.NotContains(t, d.Image, "extensions-validator", "%s: the validator comes with the base stage only", f.Name)
+			}
+		}
 	}
+}
+
+func releaseOf(t *testing.T, rs []recipes.Release, talos string) recipes.Release {
+	t.Helper()
+
+	for _, r := range rs {
+		if r.Talos == talos {
+			return r
+		}
+	}
+
+	t.Fatalf("no release %s", talos)
+
+	return recipes.Release{}
 }
 
 // TestBuildArgumentsAreDocumented: every build argument the tree reads is in the table of
@@ -201,15 +239,31 @@ func TestFlavorsMatchTheirRelease(t *testing.T) {
 				require.NoError(t, yaml.Unmarshal(p.Templates["manifest.yaml"], &m))
 				assert.Equal(t, f.Name, m.Metadata.Name)
 				assert.Equal(t, d.Version+"-"+r.Talos, m.Metadata.Version)
-				assert.Equal(t, "= "+r.Talos, m.Metadata.Compatibility.Talos.Version)
+				assert.Equal(t, ">= "+r.Floor()+" <= "+r.Talos, m.Metadata.Compatibility.Talos.Version)
 
 				ext := extensions.New(t.TempDir(), f.Name, m)
 				this := semver.MustParse(strings.TrimPrefix(r.Talos, "v"))
-				next := this
+				next, nextMinor := this, this
 				next.Patch++
+				nextMinor.Minor++
+				// The Talos version siderolabs' extensions-validator 84cecb0 checks with: its
+				// machinery's gendata tag (v1.13.0-alpha.2 at 79fa2e3). "= <release>" fails it.
+				validator := semver.MustParse("1.13.0-alpha.2")
 
-				assert.NoError(t, ext.Validate(extensions.WithValidateConstraints(), extensions.WithTalosVersion(&this)))
-				assert.Error(t, ext.Validate(extensions.WithValidateConstraints(), extensions.WithTalosVersion(&next)), "modules are signed for one Talos build")
+				constraint := func(v semver.Version) error {
+					return ext.Validate(extensions.WithValidateConstraints(), extensions.WithTalosVersion(&v))
+				}
+
+				assert.NoError(t, constraint(this), "Talos's imager of the release")
+				assert.NoError(t, constraint(validator), "siderolabs' validator")
+				assert.Error(t, constraint(next), "modules are signed for one Talos build")
+				assert.Error(t, constraint(nextMinor), "modules are signed for one Talos build")
+
+				em := m
+				em.Metadata.Compatibility.Talos.Version = "= " + r.Talos
+				exact := extensions.New(t.TempDir(), f.Name, em)
+				assert.ErrorContains(t, exact.Validate(extensions.WithValidateConstraints(), extensions.WithTalosVersion(&validator)), "can't be satisfied with Talos version 1.13.0-alpha.2",
+					"why the constraint is a range: siderolabs' validator")
 			})
 		}
 	}
@@ -258,9 +312,9 @@ func TestValidatorsAreTheReleases(t *testing.T) {
 func TestReleaseImagesPassTalosValidators(t *testing.T) {
 	testutil.RequireRoot(t)
 
-	const kver = "6.18.44-talos"
-
 	for _, r := range releases(t) {
+		kver := r.Kernel
+
 		tr := load(t, map[string]string{"TALOS_VERSION": r.Talos})
 
 		for _, f := range recipes.Flavors() {
@@ -283,6 +337,9 @@ func TestReleaseImagesPassTalosValidators(t *testing.T) {
 				require.NoError(t, err)
 				assert.Equal(t, payload, res.DriverVersion)
 				require.NoError(t, extension.ValidateRelease(res.Dir, r.Talos, o.ModuleKind, payload))
+				require.NoError(t, extension.CheckRelease(res.Dir, r.Talos, r.Kernel))
+				assert.ErrorContains(t, extension.CheckRelease(res.Dir, r.Talos, "6.18.1-talos"), "modules for another kernel")
+				assert.ErrorContains(t, extension.CheckRelease(res.Dir, "v1.13.1", r.Kernel), "does not name Talos v1.13.1")
 
 				other := map[string]extension.ModuleKind{"open": extension.ModulesProprietary, "proprietary": extension.ModulesOpen}[f.Modules]
 				assert.ErrorContains(t, extension.ValidateRelease(res.Dir, r.Talos, other, payload), "nvidia.ko: license")

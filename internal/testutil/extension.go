@@ -32,13 +32,14 @@ func DevExtension(t *testing.T) extension.Options {
 	return extension.Options{
 		Name: "nvidia-driver-test", VersionSuffix: "-test", TalosVersion: "v1.13.5", TalosConstraint: "= v1.13.5",
 		Author: "test", Description: "test build",
-		Payload:       Subroot(t),
-		ServiceRootfs: filepath.Join(out, "containers/nvidia-driver"),
-		ServiceSpec:   filepath.Join(top, "extension/nvidia-driver.yaml"),
-		Hook:          filepath.Join(out, "bin/nvidia-cdi-hook"),
-		Ldconfig:      filepath.Join(out, "bin/ldconfig"),
-		Overlay:       filepath.Join(top, "extension/rootfs"),
-		OutDir:        t.TempDir(),
+		Payload:           Subroot(t),
+		ServiceRootfs:     filepath.Join(out, "containers/nvidia-driver"),
+		ServiceSpec:       filepath.Join(top, "extension/nvidia-driver.yaml"),
+		FabricManagerSpec: filepath.Join(top, "extension/nvidia-fabricmanager.yaml"),
+		Hook:              filepath.Join(out, "bin/nvidia-cdi-hook"),
+		Ldconfig:          filepath.Join(out, "bin/ldconfig"),
+		Overlay:           filepath.Join(top, "extension/rootfs"),
+		OutDir:            t.TempDir(),
 	}
 }
 

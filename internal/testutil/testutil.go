@@ -207,3 +207,44 @@ func (s *SyncBuffer) String() string {
 
 	return s.b.String()
 }
+
+// TalosRunc returns runc at the version Talos v1.13 ships (siderolabs/pkgs pins 1.4.x; the
+// module hack/k8s-node/runtime pins 1.4.3), built once into _out/talos-runc with the flags
+// of hack/k8s-node/build.sh. Debian's runc (1.1.5) is not a stand-in: it signals every
+// process of a container on `kill --all`, which runc 1.2 and later no longer do.
+func TalosRunc(t testing.TB) string {
+	t.Helper()
+
+	top := RepoRoot(t)
+	bin := filepath.Join(top, "_out", "talos-runc", "runc")
+	mod := filepath.Join(top, "hack", "k8s-node", "runtime")
+
+	withLock(t, filepath.Join(top, "_out", ".talos-runc.lock"), func() {
+		if _, err := os.Stat(bin); err == nil && newerThan(bin, filepath.Join(mod, "go.mod")) {
+			return
+		}
+
+		cmd := exec.Command("go", "build", "-trimpath", "-buildmode=pie", "-tags", "seccomp urfave_cli_no_docs netgo osusergo",
+			"-o", bin, "-ldflags", "-s -w -linkmode external -extldflags -static-pie", "github.com/opencontainers/runc")
+		cmd.Dir = mod
+		cmd.Env = append(os.Environ(), "CGO_ENABLED=1")
+
+		if out, err := cmd.CombinedOutput(); err != nil {
+			if os.Getenv("CI") != "" {
+				t.Fatalf("building runc 1.4 (hack/install-test-deps.sh installs libseccomp-dev): %v\n%s", err, out)
+			}
+
+			t.Skipf("cannot build runc 1.4 (hack/install-test-deps.sh installs libseccomp-dev): %v\n%s", err, out)
+		}
+	})
+
+	return bin
+}
+
+// newerThan reports whether path was modified after ref.
+func newerThan(path, ref string) bool {
+	a, errA := os.Stat(path)
+	b, errB := os.Stat(ref)
+
+	return errA == nil && errB == nil && a.ModTime().After(b.ModTime())
+}

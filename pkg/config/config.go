@@ -16,6 +16,8 @@ import (
 	"time"
 
 	"gopkg.in/yaml.v3"
+
+	"github.com/talos-nvidia/nvidia-driver/pkg/document"
 )
 
 // Version is the only version of the configuration file this build reads.
@@ -50,10 +52,10 @@ type Config struct {
 	UVMPersistenceMode  bool
 	PersistencedVerbose bool
 
-	// FabricManager runs nv-fabricmanager on NVSwitch boards; FabricWait bounds the wait
-	// for the GPUs' NVLink fabric registration there.
-	FabricManager bool
-	FabricWait    time.Duration
+	// FabricWait bounds the wait for the GPUs' NVLink fabric registration on NVSwitch
+	// boards (the ext-nvidia-fabricmanager service runs the fabric manager), and one start
+	// of nv-fabricmanager there.
+	FabricWait time.Duration
 
 	CDI     bool
 	CDISpec string // a host path
@@ -62,6 +64,10 @@ type Config struct {
 	MIGLayout string // empty: leave MIG as it is
 
 	NFDFeaturesDir string // a host path; empty: off
+
+	// FromDocument lists the document files read from Talos's document directory because
+	// Talos had not mounted them (the document came after the service's container was made).
+	FromDocument []string
 
 	// Source says where each setting came from ("default", "env", the file), for the log.
 	Source map[string]string
@@ -97,7 +103,6 @@ func settings() []setting {
 		{"persistenceMode", "PERSISTENCE_MODE", "true", "nvidia-persistenced --persistence-mode", boolean(func(c *Config) *bool { return &c.PersistenceMode })},
 		{"uvmPersistenceMode", "UVM_PERSISTENCE_MODE", "false", "nvidia-persistenced --uvm-persistence-mode", boolean(func(c *Config) *bool { return &c.UVMPersistenceMode })},
 		{"persistencedVerbose", "PERSISTENCED_VERBOSE", "false", "nvidia-persistenced --verbose", boolean(func(c *Config) *bool { return &c.PersistencedVerbose })},
-		{"fabricManager", "FABRIC_MANAGER", "true", "run nv-fabricmanager on NVSwitch boards", boolean(func(c *Config) *bool { return &c.FabricManager })},
 		// NVIDIA's nvidia-fabricmanager.service gives the daemon TimeoutStartSec=240.
 		{"fabricWait", "FABRIC_WAIT", "4m", "how long to wait for the GPUs' NVLink fabric registration on NVSwitch boards", duration(func(c *Config) *time.Duration { return &c.FabricWait })},
 		{"cdi", "CDI", "true", "generate a CDI spec", boolean(func(c *Config) *bool { return &c.CDI })},
@@ -144,6 +149,12 @@ func Load(environ []string) (Config, error) {
 	}
 
 	delete(env, EnvConfigFile)
+
+	// The host root is needed before the file is read: the file may have to come from the
+	// document's directory on the host (package document).
+	docs := documentDir(env)
+
+	path = c.resolve(docs, path)
 
 	values, err := readFile(path, explicit)
 	if err != nil {
@@ -203,6 +214,8 @@ func Load(environ []string) (Config, error) {
 		c.Source[s.key] = "env"
 	}
 
+	c.MIGConfig = c.resolve(docs, c.MIGConfig)
+
 	if len(errs) > 0 {
 		if bad["hostRoot"] {
 			c.HostRoot = ""
@@ -212,6 +225,31 @@ func Load(environ []string) (Config, error) {
 	}
 
 	return c, nil
+}
+
+// ServiceName is the extension service's name, the name of its ExtensionServiceConfig.
+const ServiceName = "nvidia-driver"
+
+// documentDir is the service's document directory under the host root that the environment
+// names (the default where it names none or a bad one: the error is reported with the rest).
+func documentDir(env map[string]string) document.Dir {
+	root := env[EnvPrefix+"HOST_ROOT"]
+	if !filepath.IsAbs(root) {
+		root = "/"
+	}
+
+	return document.For(root, ServiceName)
+}
+
+// resolve returns where to read the document file mounted at path, and notes it when it
+// comes from the document directory.
+func (c *Config) resolve(docs document.Dir, path string) string {
+	p, fromDocument := docs.Resolve(path)
+	if fromDocument {
+		c.FromDocument = append(c.FromDocument, path)
+	}
+
+	return p
 }
 
 type fileValue struct {

@@ -16,6 +16,12 @@ const (
 	mirrorReplaced = "replaced" // an earlier mirror showed something else (a removed run dir)
 )
 
+// Mirror bind-mounts src onto dst, as a Spec's MirrorDir is, and says what it did
+// ("mounted", "reused", "replaced"): for a run directory that another service's daemon
+// fills (nv-fabricmanager runs in ext-nvidia-fabricmanager, its sockets are named under
+// the driver root that ext-nvidia-driver mounts).
+func Mirror(src, dst string) (string, error) { return mirror(src, dst) }
+
 // mirror bind-mounts src onto dst (an existing directory, typically inside the
 // read-only driver root) unless dst already shows src. A bind mount onto a
 // directory of a read-only mount is allowed; it reaches the host and the

@@ -44,6 +44,13 @@ func probePIDFile(path string) (pidFileState, error) {
 	return st, nil
 }
 
+// LockHeld says whether a live process holds a POSIX lock on path, in any PID namespace;
+// a missing file is not held. It only asks (F_GETLK): nothing is locked or written.
+func LockHeld(path string) (bool, error) {
+	st, err := probePIDFile(path)
+	return st.locked, err
+}
+
 // readPID reads the pid written in a pid file (meaningful only in the writer's PID namespace).
 func readPID(path string) (int, error) {
 	b, err := os.ReadFile(path)

@@ -1,9 +1,6 @@
 package daemons
 
 import (
-	"github.com/talos-nvidia/nvidia-driver/pkg/atomicfile"
-
-	"bufio"
 	"bytes"
 	"errors"
 	"fmt"
@@ -13,6 +10,8 @@ import (
 	"slices"
 	"strings"
 	"time"
+
+	"github.com/talos-nvidia/nvidia-driver/pkg/atomicfile"
 )
 
 // Spec describes one daemon: how to start it and where its state lives.
@@ -89,6 +88,19 @@ func (e *CannotRunError) Error() string {
 }
 
 func (e *CannotRunError) Unwrap() error { return e.Err }
+
+// NotRestartedError says that a daemon died after it was ready and, by Options.
+// NoRestartAfterReady, was not started again.
+type NotRestartedError struct {
+	Name, Reason string
+	Err          error
+}
+
+func (e *NotRestartedError) Error() string {
+	return fmt.Sprintf("%v; not started again: %s", e.Err, e.Reason)
+}
+
+func (e *NotRestartedError) Unwrap() error { return e.Err }
 
 // Paths inside a glibc subroot (see DESIGN.md §4, "the subroot").
 const (
@@ -183,7 +195,13 @@ type FabricManagerOptions struct {
 	Config string
 	// MirrorDir: see Spec.MirrorDir (/run/nvidia/driver/run/nvidia-fabricmanager).
 	MirrorDir string
-	Env       []string
+	// KeepCUDAJobsOnExit writes ABORT_CUDA_JOBS_ON_FM_EXIT=0, so that an exit of the fabric
+	// manager does not abort the running CUDA jobs. NVIDIA ships 1; the key acts on NVSwitch
+	// gen 2 boards (HGX A100), where a fabric manager may then be started again (NVIDIA Fabric
+	// Manager User Guide, "CUDA Jobs Behavior When the Fabric Manager Service is Stopped or
+	// Terminated").
+	KeepCUDAJobsOnExit bool
+	Env                []string
 }
 
 // FabricManagerConfig is the subroot's config file, relative to the subroot.
@@ -230,6 +248,9 @@ func FabricManager(o FabricManagerOptions) (Spec, error) {
 		"DATABASE_PATH":           nvswitchDir,
 		"TOPOLOGY_FILE_PATH":      nvswitchDir,
 	}
+	if o.KeepCUDAJobsOnExit {
+		overrides["ABORT_CUDA_JOBS_ON_FM_EXIT"] = "0"
+	}
 	apiAddr := fabricManagerAPIAddr(shipped)
 	s := Spec{
 		Name: "nv-fabricmanager",
@@ -264,9 +285,8 @@ func FabricManager(o FabricManagerOptions) (Spec, error) {
 // (NVIDIA Fabric Manager User Guide, config options).
 func fabricManagerAPIAddr(cfg []byte) string {
 	host, port := "127.0.0.1", "6666"
-	sc := bufio.NewScanner(bytes.NewReader(cfg))
-	for sc.Scan() {
-		k, v, ok := strings.Cut(strings.TrimSpace(sc.Text()), "=")
+	for _, line := range configLines(cfg) {
+		k, v, ok := strings.Cut(strings.TrimSpace(string(line)), "=")
 		switch {
 		case !ok || strings.HasPrefix(k, "#") || strings.TrimSpace(v) == "":
 		case k == "FM_CMD_BIND_INTERFACE":
@@ -295,14 +315,25 @@ func fabricManagerNoRetry(failure string) string {
 	return ""
 }
 
+// configLines splits a config file into its lines, whatever their length (a bufio.Scanner
+// stops at 64 KiB and would drop the rest of the file); a last line without a newline
+// counts, an empty remainder after the last newline does not.
+func configLines(in []byte) [][]byte {
+	lines := bytes.Split(in, []byte("\n"))
+	if len(lines) > 0 && len(lines[len(lines)-1]) == 0 {
+		lines = lines[:len(lines)-1]
+	}
+	return lines
+}
+
 // RewriteConfig sets KEY=value lines of a fabricmanager.cfg-style file: existing keys
-// are replaced in place, missing ones appended in sorted order.
+// are replaced in place, missing ones appended in sorted order. Every other line, of any
+// length, is kept as it is.
 func RewriteConfig(in []byte, set map[string]string) []byte {
 	var out bytes.Buffer
 	seen := map[string]bool{}
-	sc := bufio.NewScanner(bytes.NewReader(in))
-	for sc.Scan() {
-		line := sc.Text()
+	for _, b := range configLines(in) {
+		line := string(b)
 		key, _, ok := strings.Cut(line, "=")
 		key = strings.TrimSpace(key)
 		if v, want := set[key]; ok && want && !strings.HasPrefix(key, "#") {

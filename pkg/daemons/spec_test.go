@@ -85,3 +85,52 @@ func TestFabricManagerConfig(t *testing.T) {
 func replaceAll(b []byte, old, new string) []byte {
 	return []byte(strings.ReplaceAll(string(b), old, new))
 }
+
+// TestRewriteConfigLines: lines of any length, 64 KiB and more included (bufio.Scanner's
+// limit, which used to drop the rest of the file), are kept; keys are set where they stand,
+// missing ones appended; a last line without a newline counts.
+func TestRewriteConfigLines(t *testing.T) {
+	long := "# " + strings.Repeat("x", 200<<10)
+
+	for _, tc := range []struct {
+		name, in, want string
+	}{
+		{"a comment of 200 KiB before the keys", long + "\nDAEMONIZE=1\nLOG_LEVEL=4\n", long + "\nDAEMONIZE=0\nLOG_LEVEL=4\n"},
+		{"a value of exactly 64 KiB", "TOPOLOGY=" + strings.Repeat("y", 64<<10) + "\nDAEMONIZE=1\n", "TOPOLOGY=" + strings.Repeat("y", 64<<10) + "\nDAEMONIZE=0\n"},
+		{"no newline at the end", "LOG_LEVEL=4\nDAEMONIZE=1", "LOG_LEVEL=4\nDAEMONIZE=0\n"},
+		{"a key to append", long + "\n", long + "\nDAEMONIZE=0\n"},
+		{"empty lines kept", "A=1\n\n\nDAEMONIZE=1\n", "A=1\n\n\nDAEMONIZE=0\n"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got := string(daemons.RewriteConfig([]byte(tc.in), map[string]string{"DAEMONIZE": "0"}))
+			assert.Equal(t, len(tc.want), len(got))
+			assert.True(t, tc.want == got, "rewritten config differs")
+		})
+	}
+}
+
+// TestFabricManagerKeepCUDAJobs: on boards where a fabric manager may be started again the
+// config says ABORT_CUDA_JOBS_ON_FM_EXIT=0, replacing NVIDIA's 1 where it stands.
+func TestFabricManagerKeepCUDAJobs(t *testing.T) {
+	root := t.TempDir()
+	for _, f := range []string{"lib64/ld-linux-x86-64.so.2", "usr/bin/nv-fabricmanager", daemons.FabricManagerConfig} {
+		require.NoError(t, os.MkdirAll(filepath.Dir(filepath.Join(root, f)), 0o755))
+		require.NoError(t, os.WriteFile(filepath.Join(root, f), []byte("ABORT_CUDA_JOBS_ON_FM_EXIT=1\nDAEMONIZE=1\n"), 0o755))
+	}
+
+	for _, keep := range []bool{false, true} {
+		runDir := t.TempDir()
+		s, err := daemons.FabricManager(daemons.FabricManagerOptions{DriverRoot: root, RunDir: runDir, KeepCUDAJobsOnExit: keep})
+		require.NoError(t, err)
+		require.NoError(t, s.Prepare())
+		got, err := os.ReadFile(filepath.Join(runDir, "fabricmanager.cfg"))
+		require.NoError(t, err)
+
+		want := "ABORT_CUDA_JOBS_ON_FM_EXIT=1\n"
+		if keep {
+			want = "ABORT_CUDA_JOBS_ON_FM_EXIT=0\n"
+		}
+
+		assert.True(t, strings.HasPrefix(string(got), want), "keep %v: %s", keep, got)
+	}
+}

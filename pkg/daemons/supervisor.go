@@ -50,6 +50,8 @@ type Status struct {
 	Restarts int
 	// StartFailures counts failed starts in a row.
 	StartFailures int
+	// EverReady: the daemon was ready at least once in this Run.
+	EverReady bool
 	// PID is the daemon's pid in our PID namespace while it runs, else 0.
 	PID       int
 	LastError string
@@ -73,16 +75,22 @@ type Options struct {
 	// after RestartDelay only, and the backoff starts again (30 s).
 	StableAfter time.Duration
 	// RestartDelay is the least wait before a daemon that died is started
-	// again (500 ms). Talos stops a service by signalling every process of its
-	// container at once (runner/containerd: task.Kill with WithKillAll), so
-	// the daemon may die a moment before the service's own SIGTERM ends ctx;
-	// within this wait the stop is seen, and nothing is restarted.
+	// again (500 ms). A stop can reach the daemon a moment before the
+	// service's own SIGTERM ends ctx (Talos's task.Kill WithKillAll signals the
+	// container's init alone with runc 1.2 and later, as Talos v1.13 ships, but
+	// every process with runc 1.1, and a user's kill may too); within this wait
+	// the stop is seen, and nothing is restarted.
 	RestartDelay time.Duration
 	// StopGrace is how long a daemon gets between SIGTERM and SIGKILL (5 s, so
 	// that SIGKILL and clean-up fit in Talos's 10 s stop budget).
 	StopGrace time.Duration
 	// PollInterval is how often readiness is probed while starting (10 ms).
 	PollInterval time.Duration
+	// NoRestartAfterReady, if set, says why a daemon that dies after it was ready must not
+	// be started again (NVIDIA documents that nv-fabricmanager on HGX H100 and later needs
+	// the GPUs reset before it starts again): Run then ends with a *NotRestartedError.
+	// Failed starts before the daemon was ready are still retried.
+	NoRestartAfterReady string
 }
 
 func (o Options) withDefaults() Options {
@@ -317,7 +325,7 @@ func (s *Supervisor) Run(ctx context.Context) (err error) {
 		}
 
 		everReady = true
-		s.update(func(st *Status) { st.StartFailures = 0 })
+		s.update(func(st *Status) { st.StartFailures, st.EverReady = 0, true })
 		s.setState(StateReady, p.pid, nil)
 		s.readyOnce.Do(func() { close(s.ready) })
 		s.log.Info("ready", "pid", p.pid, "took", time.Since(begin).Round(time.Millisecond))
@@ -349,6 +357,12 @@ func (s *Supervisor) Run(ctx context.Context) (err error) {
 					s.log.Error("giving up", "error", err)
 					return err
 				}
+			}
+			if s.opts.NoRestartAfterReady != "" {
+				err := &NotRestartedError{Name: s.spec.Name, Reason: s.opts.NoRestartAfterReady, Err: derr}
+				s.setState(StateFailed, 0, err)
+				s.log.Error("not restarting", "error", err)
+				return err
 			}
 			s.update(func(st *Status) { st.Restarts++ })
 			s.log.Warn("daemon died; restarting", "error", derr, "backoff", backoff)

@@ -24,6 +24,9 @@ const (
 	SubrootPath = "usr/local/glibc"
 	// ServiceName is the extension service's name (Talos runs it as ext-nvidia-driver).
 	ServiceName = "nvidia-driver"
+	// FabricManagerServiceName is the second service (ext-nvidia-fabricmanager): the same
+	// binary, in a root filesystem of its own, copied from the first one's.
+	FabricManagerServiceName = "nvidia-fabricmanager"
 	// ContainersPath holds each extension service's root filesystem.
 	ContainersPath = "usr/local/lib/containers"
 	// ServiceSpecPath holds each extension service's YAML.
@@ -89,6 +92,9 @@ type Options struct {
 	ServiceRootfs string
 	// ServiceSpec is the service's YAML (extension/nvidia-driver.yaml).
 	ServiceSpec string
+	// FabricManagerSpec is the fabric manager service's YAML
+	// (extension/nvidia-fabricmanager.yaml); its root filesystem is a copy of ServiceRootfs.
+	FabricManagerSpec string
 	// Hook and Ldconfig are the host programs (make build's _out/bin).
 	Hook     string
 	Ldconfig string
@@ -170,6 +176,7 @@ func Assemble(log *slog.Logger, opts Options) (Result, error) {
 	copies := []struct{ from, to string }{
 		{opts.Payload, SubrootPath},
 		{opts.ServiceRootfs, filepath.Join(ContainersPath, ServiceName)},
+		{opts.ServiceRootfs, filepath.Join(ContainersPath, FabricManagerServiceName)},
 	}
 
 	if opts.Modules != "" {
@@ -195,6 +202,7 @@ func Assemble(log *slog.Logger, opts Options) (Result, error) {
 		mode     os.FileMode
 	}{
 		{opts.ServiceSpec, filepath.Join(ServiceSpecPath, ServiceName+".yaml"), 0o644},
+		{opts.FabricManagerSpec, filepath.Join(ServiceSpecPath, FabricManagerServiceName+".yaml"), 0o644},
 		{opts.Hook, HookPath, 0o755},
 		{opts.Ldconfig, LdconfigPath, 0o755},
 	}
@@ -264,7 +272,8 @@ func (o Options) check() error {
 
 	for what, p := range map[string]string{
 		"driver payload": o.Payload, "service rootfs": o.ServiceRootfs, "service spec": o.ServiceSpec,
-		"nvidia-cdi-hook": o.Hook, "ldconfig": o.Ldconfig,
+		"fabric manager service spec": o.FabricManagerSpec,
+		"nvidia-cdi-hook":             o.Hook, "ldconfig": o.Ldconfig,
 	} {
 		if p == "" {
 			errs = append(errs, fmt.Errorf("%s: no path given", what))

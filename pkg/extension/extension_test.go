@@ -73,6 +73,9 @@ func TestDevImageRoundTrip(t *testing.T) {
 		"usr/local/lib/containers/nvidia-driver/usr/bin/nvidia-driver",
 		"usr/local/lib/containers/nvidia-driver/lib64/ld-linux-x86-64.so.2",
 		"usr/local/etc/containers/nvidia-driver.yaml", "usr/bin/nvidia-cdi-hook", "usr/bin/ldconfig",
+		"usr/local/lib/containers/nvidia-fabricmanager/usr/bin/nvidia-driver",
+		"usr/local/lib/containers/nvidia-fabricmanager/lib64/ld-linux-x86-64.so.2",
+		"usr/local/etc/containers/nvidia-fabricmanager.yaml",
 		"usr/local/lib/modprobe.d/nvidia-driver.conf",
 	} {
 		_, err := os.Lstat(filepath.Join(extracted, "rootfs", p))

@@ -322,3 +322,44 @@ func ValidateRelease(dir, talosVersion string, kind ModuleKind, driverVersion st
 
 	return errors.Join(errs...)
 }
+
+// CheckRelease checks that a release image is one Talos release's, where its manifest's
+// constraint cannot say so (siderolabs' validator, built on a prerelease machinery, rejects
+// an exact "= vX.Y.Z"): the manifest's version ends in -<talosVersion>, and the kernel
+// modules are for that release's kernel (constants.DefaultKernelVersion of its machinery)
+// and no other.
+func CheckRelease(dir, talosVersion, kernelVersion string) error {
+	ext, err := extensions.Load(dir)
+	if err != nil {
+		return fmt.Errorf("talos cannot load the extension %s: %w", dir, err)
+	}
+
+	var errs []error
+
+	if v := ext.Manifest.Metadata.Version; !strings.HasSuffix(v, "-"+talosVersion) {
+		errs = append(errs, fmt.Errorf("manifest version %q does not name Talos %s (<driver>-%s)", v, talosVersion, talosVersion))
+	}
+
+	entries, err := os.ReadDir(filepath.Join(dir, "rootfs", ModulesPath))
+	if err != nil {
+		errs = append(errs, fmt.Errorf("/%s: %w", ModulesPath, err))
+	}
+
+	found := false
+
+	for _, e := range entries {
+		if e.Name() == kernelVersion {
+			found = true
+
+			continue
+		}
+
+		errs = append(errs, fmt.Errorf("/%s/%s: modules for another kernel than Talos %s's %s", ModulesPath, e.Name(), talosVersion, kernelVersion))
+	}
+
+	if !found && err == nil {
+		errs = append(errs, fmt.Errorf("/%s/%s: missing: no modules for Talos %s's kernel", ModulesPath, kernelVersion, talosVersion))
+	}
+
+	return errors.Join(errs...)
+}

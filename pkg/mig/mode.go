@@ -192,8 +192,9 @@ func (a *Applier) setMode(ctx context.Context, g *GPU, want int) (err error) {
 func (a *Applier) heldErr(kind error, dev nvml.Device, g *GPU, msg string) error {
 	holders, err := a.holders(dev, g, true)
 	if err != nil || len(holders) == 0 {
-		return &heldError{kind: kind, msg: msg + "; no process outside the service shows the GPU open in " + a.procRoot() +
-			" (is the host's /proc mounted there?); it changes at the next boot, before workloads start"}
+		// The service sees only its own PID namespace (pkg/node hostProc says why).
+		return &heldError{kind: kind, msg: msg + "; something outside the service holds it (the device plugin, the DCGM exporter or another NVML client: " +
+			"the service cannot see the host's processes); it changes at the next boot, before workloads start, or on a restart once they have stopped"}
 	}
 
 	return &heldError{kind: kind, holders: holders, msg: fmt.Sprintf("%s; held open by %s; it changes at the next boot, before workloads start, or on a restart once these have stopped",

@@ -3,27 +3,30 @@ package node
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
+	"os"
 	"path/filepath"
 	"strings"
 	"time"
 
 	"github.com/talos-nvidia/nvidia-driver/pkg/daemons"
 	"github.com/talos-nvidia/nvidia-driver/pkg/driverroot"
+	"github.com/talos-nvidia/nvidia-driver/pkg/fabricmanager"
 	"github.com/talos-nvidia/nvidia-driver/pkg/gpu"
 	"github.com/talos-nvidia/nvidia-driver/pkg/nvswitch"
 )
 
 // States of the NVLink fabric on an NVSwitch board.
 const (
-	// FabricRegistered: every GPU that reports a fabric registered with it, or, where NVML
-	// reports none (GPUs before Hopper), our fabric manager is ready.
+	// FabricRegistered: a fabric manager runs (ext-nvidia-fabricmanager's, or one it left
+	// alone), and every GPU that reports a fabric registered with it (GPUs before Hopper
+	// report none).
 	FabricRegistered = "registered"
 	// FabricWaiting: GPUs are still registering.
 	FabricWaiting = "waiting"
 	// FabricDegraded: the GPUs are served, but some cannot use the fabric (or CUDA at all,
-	// on Hopper and later) until what the message names is fixed.
+	// on Hopper and later), or no fabric manager runs to handle NVLink errors and GPU
+	// resets, until what the message names is fixed.
 	FabricDegraded = "degraded"
 )
 
@@ -32,25 +35,26 @@ type Fabric struct {
 	State   string         `json:"state"`
 	Message string         `json:"message"`
 	Board   nvswitch.Board `json:"board"`
-	// Manager is our nv-fabricmanager's supervision state ("ready", "restarting", "failed"),
-	// "foreign" where another fabric manager runs, or "" where none was started.
+	// Manager is the state the ext-nvidia-fabricmanager service reports (fabricmanager.State*:
+	// "running", "restarting", "not-running", "foreign", ...), "" where that service is not
+	// running.
 	Manager string            `json:"manager,omitempty"`
 	GPUs    []gpu.FabricState `json:"gpus,omitempty"`
 }
 
-// fabricJob is the runner's NVSwitch job: the fabric manager it supervises, if any, and
-// the watch that keeps the status current after bring-up.
+// fabricJob is the runner's NVSwitch job: the watch that keeps the status current after
+// bring-up, and the node's message once up, to which the fabric is added.
 type fabricJob struct {
-	sup       *daemons.Supervisor
-	done      chan struct{}
 	watchDone chan struct{}
-	notRun    string // why no fabric manager of ours runs, "" when one does
+	readyMsg  string
 }
 
-// bringUpFabric runs the NVSwitch job: on a board with NVSwitches it starts and supervises
-// nv-fabricmanager and waits, bounded, until NVML says the GPUs registered with the fabric.
-// Nothing here stops the bring-up: where the fabric manager cannot run, the GPUs are still
-// served and the status says why.
+// bringUpFabric runs the NVSwitch job: on a board with NVSwitches it shows the fabric
+// manager's run directory (filled by the ext-nvidia-fabricmanager service) under the driver
+// root, where CDI specs name its socket, and waits, bounded, until NVML says the GPUs
+// registered with the fabric. The fabric manager itself runs in that other service, so that
+// no restart of this one stops it. Nothing here stops the bring-up: where no fabric manager
+// runs, the GPUs are still served and the status says why.
 func (r *Runner) bringUpFabric(ctx context.Context) {
 	board, err := nvswitch.Detect(r.cfg.HostRoot)
 	if err != nil {
@@ -61,103 +65,54 @@ func (r *Runner) bringUpFabric(ctx context.Context) {
 		return
 	}
 
-	r.log.Info("NVSwitch board", "board", board.String(), "pci", board.PCI, "driver", board.Driver, "nvlink5", board.NVLink5)
+	r.log.Info("NVSwitch board", "board", board.String(), "arch", board.Arch, "pci", board.PCI, "driver", board.Driver, "nvlink5", board.NVLink5)
+	r.mirrorFabricManager()
 
 	st := &Fabric{Board: board}
-	notRun, foreign := r.startFabricManager(ctx, board)
-	r.fabric.notRun = notRun
-
-	switch {
-	case foreign != nil:
-		st.Manager = "foreign"
-	case r.fabric.sup != nil:
-		st.Manager = string(r.fabric.sup.Status().State)
-	}
-
-	r.setFabric(st)
-
-	// Where nothing registers the GPUs (no fabric manager of ours, none foreign), waiting
-	// cannot help: say so once. A foreign one may still be at work: wait for it.
-	bound := r.cfg.FabricWait
-	if notRun != "" && foreign == nil {
-		bound = 0
-	}
-
-	r.waitFabric(ctx, st, notRun, bound)
+	r.waitFabric(ctx, st, r.cfg.FabricWait)
 }
 
-// startFabricManager starts our nv-fabricmanager where it can run and waits until it is
-// ready. It returns why none of ours runs ("" when it does), and the foreign fabric manager
-// found instead, if any.
-func (r *Runner) startFabricManager(ctx context.Context, board nvswitch.Board) (notRun string, foreign *daemons.ForeignDaemonError) {
-	switch {
-	case len(board.Driver) == 0 && len(board.NVLink5) > 0:
-		return fmt.Sprintf("an NVLink 5 board (NVSwitches behind the ConnectX-7 management ports %s) needs nv-fabricmanager with NVLSM, which this service does not run",
-			strings.Join(board.NVLink5, ", ")), nil
-	case len(board.Driver) == 0:
-		return fmt.Sprintf("NVSwitch PCI functions %s are present but the nvidia-nvswitch driver initialized none of them "+
-			"(GPUs passed through to a VM without the board's NVSwitch topology?): no fabric manager can run", strings.Join(board.PCI, ", ")), nil
-	}
+// mirrorFabricManager binds the fabric manager's run directory at the driver root's
+// run/nvidia-fabricmanager (an empty directory the subroot ships), as the persistenced
+// supervisor does for its socket. A failure costs containers the socket only.
+func (r *Runner) mirrorFabricManager() {
+	src, dst := r.cfg.Host(fabricmanager.RunDir), filepath.Join(r.cfg.DriverMount(), "run/nvidia-fabricmanager")
 
-	// Hopper and later: GPUs that registered already were registered by a fabric manager
-	// that runs or ran before this service (one run on the host or by another extension, or
-	// ours before a restart of the service). NVIDIA documents that a fabric manager restart
-	// on HGX H100 and later needs the GPUs reset first ("Initializing NVSwitch and NVLink");
-	// this service never resets GPUs, so it leaves such a fabric alone.
-	if states, err := r.jobs.FabricStates(ctx); err == nil && allRegistered(states) {
-		return "the GPUs were already registered with the NVLink fabric when the service started " +
-			"(by a fabric manager it did not start, or its own before a restart): not starting another, " +
-			"which NVIDIA documents to need a GPU reset first on HGX H100 and later", nil
-	}
+	err := os.MkdirAll(src, 0o755)
+	if err == nil {
+		var result string
 
-	if !r.cfg.FabricManager {
-		return "running nv-fabricmanager is turned off (NVIDIA_DRIVER_FABRIC_MANAGER=false)", nil
-	}
+		result, err = daemons.Mirror(src, dst)
+		if err == nil {
+			r.log.Info("fabric manager run dir mirrored", "run_dir", src, "at", dst, "result", result)
 
-	spec, err := daemons.FabricManager(daemons.FabricManagerOptions{
-		DriverRoot: r.cfg.Subroot,
-		RunDir:     r.cfg.Host(daemons.FabricManagerRunDir),
-		MirrorDir:  filepath.Join(r.cfg.DriverMount(), "run/nvidia-fabricmanager"),
-	})
-	if err != nil {
-		// NVIDIA ships the fabric manager apart from the driver
-		// (fabricmanager-linux-x86_64-<version>-archive.tar.xz).
-		return fmt.Sprintf("nv-fabricmanager cannot be started from the subroot (the fabric manager archive is not in it?): %v", err), nil
-	}
-
-	// Ready is when its API socket answers, which may be after it has set the fabric up:
-	// give a start as long as NVIDIA's nvidia-fabricmanager.service does (the wait's bound).
-	sup := daemons.New(r.log, spec, daemons.Options{StartTimeout: r.cfg.FabricWait})
-	done := make(chan struct{})
-	r.fabric = fabricJob{sup: sup, done: done}
-
-	go func() {
-		defer close(done)
-
-		if err := sup.Run(ctx); err != nil {
-			r.log.Error("nv-fabricmanager supervision ended", "error", err)
+			return
 		}
-	}()
-
-	// Bounded: the GPUs are served after this wait whatever the fabric manager does; the
-	// supervisor goes on trying, and the fabric watch reports a later registration.
-	waitCtx, cancel := context.WithTimeout(ctx, r.cfg.FabricWait)
-	defer cancel()
-
-	if err := sup.WaitReady(waitCtx); err != nil {
-		if errors.As(err, &foreign) {
-			return err.Error(), foreign
-		}
-
-		return err.Error(), nil
 	}
 
-	return "", nil
+	r.log.Warn("the fabric manager's socket will not be visible in the driver root", "error", err)
 }
 
-// waitFabric reads the GPUs' fabric registration until it is complete or bound has passed,
-// reporting each distinct wait once, and records the outcome.
-func (r *Runner) waitFabric(ctx context.Context, st *Fabric, notRun string, bound time.Duration) {
+// fabricManager observes the ext-nvidia-fabricmanager service: whether a fabric manager
+// runs, why not, and whether waiting for one can help.
+func (r *Runner) fabricManager(st *Fabric) (notRun string, hopeless bool) {
+	obs := fabricmanager.Observe(r.cfg.HostRoot)
+
+	st.Manager = ""
+	if obs.Found && obs.Alive {
+		st.Manager = obs.Status.State
+	}
+
+	// A live service that gave up, or found nothing to run, will not register the GPUs.
+	hopeless = obs.Found && obs.Alive && (obs.Status.State == fabricmanager.StateNotRunning || obs.Status.State == fabricmanager.StateNoNVSwitch)
+
+	return obs.Explain(), hopeless
+}
+
+// waitFabric reads the GPUs' fabric registration and the fabric manager's service until the
+// registration is complete, no fabric manager can come, or bound has passed, reporting each
+// distinct wait once, and records the outcome.
+func (r *Runner) waitFabric(ctx context.Context, st *Fabric, bound time.Duration) {
 	deadline := time.Now().Add(bound)
 	delay := r.wait.Initial
 	last := ""
@@ -165,17 +120,18 @@ func (r *Runner) waitFabric(ctx context.Context, st *Fabric, notRun string, boun
 	for {
 		states, err := r.jobs.FabricStates(ctx)
 		pending, failed := fabricSummary(states)
+		notRun, hopeless := r.fabricManager(st)
 
 		switch {
 		case err == nil && len(pending) == 0:
 			st.GPUs = states
-			st.State, st.Message = r.fabricOutcome(states, failed, notRun)
+			st.State, st.Message = fabricOutcome(states, failed, notRun, st.Manager)
 			r.setFabric(st)
 
 			return
 		case ctx.Err() != nil:
 			return
-		case time.Now().After(deadline):
+		case hopeless || time.Now().After(deadline):
 			st.GPUs = states
 			st.State = FabricDegraded
 			st.Message = fabricNotDone(err, pending, notRun, bound)
@@ -202,22 +158,6 @@ func (r *Runner) waitFabric(ctx context.Context, st *Fabric, notRun string, boun
 	}
 }
 
-// allRegistered says whether the GPUs report a fabric and every one of them registered.
-func allRegistered(states []gpu.FabricState) bool {
-	registered := 0
-
-	for _, s := range states {
-		switch {
-		case s.Registered():
-			registered++
-		case s.State != gpu.FabricNotSupported:
-			return false
-		}
-	}
-
-	return registered > 0
-}
-
 // fabricSummary lists the GPUs still registering and those whose registration failed.
 func fabricSummary(states []gpu.FabricState) (pending, failed []gpu.FabricState) {
 	for _, s := range states {
@@ -232,15 +172,22 @@ func fabricSummary(states []gpu.FabricState) (pending, failed []gpu.FabricState)
 	return pending, failed
 }
 
-// fabricOutcome judges a fabric whose GPUs are done registering.
-func (r *Runner) fabricOutcome(states, failed []gpu.FabricState, notRun string) (string, string) {
+// fabricOutcome judges a fabric whose GPUs are done registering: complete only where a
+// fabric manager runs, since without one nothing handles NVLink errors or registers a GPU
+// again after a reset.
+func fabricOutcome(states, failed []gpu.FabricState, notRun, manager string) (string, string) {
 	if len(failed) > 0 {
 		var parts []string
 		for _, f := range failed {
 			parts = append(parts, fmt.Sprintf("GPU %d: %s", f.Index, f.Error))
 		}
 
-		return FabricDegraded, fmt.Sprintf("fabric registration failed (%s): these GPUs work without NVLink peer-to-peer", strings.Join(parts, "; "))
+		msg := fmt.Sprintf("fabric registration failed (%s): these GPUs work without NVLink peer-to-peer", strings.Join(parts, "; "))
+		if notRun != "" {
+			msg += "; " + notRun
+		}
+
+		return FabricDegraded, msg
 	}
 
 	registered := 0
@@ -251,13 +198,18 @@ func (r *Runner) fabricOutcome(states, failed []gpu.FabricState, notRun string) 
 		}
 	}
 
+	by := "by nv-fabricmanager"
+	if manager == fabricmanager.StateForeign {
+		by = "by a fabric manager that ext-nvidia-fabricmanager did not start"
+	}
+
 	switch {
 	case registered > 0 && notRun == "":
-		return FabricRegistered, fmt.Sprintf("%d GPU(s) registered with the NVLink fabric by nv-fabricmanager", registered)
+		return FabricRegistered, fmt.Sprintf("%d GPU(s) registered with the NVLink fabric %s", registered, by)
 	case registered > 0:
-		return FabricRegistered, fmt.Sprintf("%d GPU(s) registered with the NVLink fabric; %s", registered, notRun)
+		return FabricDegraded, fmt.Sprintf("%d GPU(s) registered with the NVLink fabric, but %s", registered, notRun)
 	case notRun == "":
-		return FabricRegistered, "nv-fabricmanager is ready; NVML reports no fabric registration for these GPUs (before Hopper)"
+		return FabricRegistered, "nv-fabricmanager is running; NVML reports no fabric registration for these GPUs (before Hopper)"
 	default:
 		return FabricDegraded, notRun + "; NVML reports no fabric registration for these GPUs"
 	}
@@ -300,10 +252,6 @@ func fabricNotDone(err error, pending []gpu.FabricState, notRun string, bound ti
 
 func (r *Runner) setFabric(st *Fabric) {
 	cp := *st
-	if r.fabric.sup != nil && cp.Manager != "foreign" {
-		cp.Manager = string(r.fabric.sup.Status().State)
-	}
-
 	r.status.update(func(s *Status) { s.Fabric = &cp }) //nolint:errcheck // reported by report()
 }
 
@@ -322,9 +270,14 @@ func (r *Runner) fabricPhase(phase, msg string) (string, string) {
 	return phase, fmt.Sprintf("%s, NVLink fabric: %s", msg, st.Message)
 }
 
-// watchFabric keeps the fabric's status current once the node is up: our fabric manager's
-// supervision state as it changes, and, while the fabric is not complete, the GPUs'
-// registration, read with backoff; when it completes, the node becomes ready.
+// fabricPoll is how often the watch reads the fabric manager's status file (a small file on
+// tmpfs); NVML is read only while the registration is not complete, with backoff.
+const fabricPoll = 5 * time.Second
+
+// watchFabric keeps the fabric's status current once the node is up: the fabric manager's
+// service as it changes, and, while the registration is not complete, the GPUs'
+// registration. The node turns degraded when its fabric manager stops and ready when the
+// fabric is complete again.
 func (r *Runner) watchFabric(ctx context.Context) {
 	st := r.status.get().Fabric
 	if st == nil {
@@ -336,55 +289,54 @@ func (r *Runner) watchFabric(ctx context.Context) {
 	go func() {
 		defer close(r.fabric.watchDone)
 
+		poll := min(fabricPoll, r.wait.Max)
 		delay := r.wait.Initial
+		nextNVML := time.Now().Add(delay)
 
 		for {
-			// Taken before the status is read, so that no change between the two is missed.
-			var changed <-chan struct{}
-			if r.fabric.sup != nil {
-				changed = r.fabric.sup.Changed()
-			}
-
-			cur := *st
-			if cur.State != FabricRegistered {
-				if states, err := r.jobs.FabricStates(ctx); err == nil {
-					if pending, failed := fabricSummary(states); len(pending) == 0 {
-						cur.GPUs = states
-						cur.State, cur.Message = r.fabricOutcome(states, failed, r.fabric.notRun)
-					}
-				}
-			}
-
-			r.setFabric(&cur)
-
-			if cur.State == FabricRegistered && st.State != FabricRegistered {
-				r.fabricReady()
-			}
-
-			st = &cur
-
-			var poll <-chan time.Time
-
-			switch {
-			case cur.State != FabricRegistered:
-				poll = time.After(delay)
-				delay = min(delay*2, r.wait.Max)
-			case r.fabric.sup == nil:
-				return // nothing left to watch
-			}
-
 			select {
 			case <-ctx.Done():
 				return
-			case <-changed:
-			case <-poll:
+			case <-time.After(poll):
 			}
+
+			cur := *st
+			notRun, _ := r.fabricManager(&cur)
+
+			states := cur.GPUs
+			if (cur.State != FabricRegistered && !time.Now().Before(nextNVML)) || cur.Manager != st.Manager {
+				if s, err := r.jobs.FabricStates(ctx); err == nil {
+					states = s
+				}
+
+				delay = min(delay*2, r.wait.Max)
+				nextNVML = time.Now().Add(delay)
+			}
+
+			if pending, failed := fabricSummary(states); len(pending) == 0 {
+				cur.GPUs = states
+				cur.State, cur.Message = fabricOutcome(states, failed, notRun, cur.Manager)
+			} else if cur.State == FabricRegistered {
+				cur.GPUs, cur.State, cur.Message = states, FabricDegraded, fabricNotDone(nil, pending, notRun, 0)
+			}
+
+			if cur.State != st.State || cur.Message != st.Message || cur.Manager != st.Manager {
+				r.setFabric(&cur)
+				r.fabricChanged()
+
+				if cur.Manager != st.Manager {
+					delay = r.wait.Initial
+				}
+			}
+
+			st = &cur
 		}
 	}()
 }
 
-// fabricReady reports a degraded node ready once its fabric completed.
-func (r *Runner) fabricReady() {
+// fabricChanged reports the node again with its fabric as it is now, and updates the
+// readiness file, whose fabric field consumers read.
+func (r *Runner) fabricChanged() {
 	summary, err := json.MarshalIndent(r.readiness(), "", "  ")
 	if err == nil {
 		err = driverroot.MarkReady(r.cfg.ValidationsDir(), append(summary, '\n'))
@@ -394,24 +346,13 @@ func (r *Runner) fabricReady() {
 		r.log.Error("cannot update the readiness files", "error", err)
 	}
 
-	st := r.status.get()
-	r.report(PhaseReady, fmt.Sprintf("node ready: %d GPU(s), driver %s, NVLink fabric: %s", len(st.GPUs), st.DriverVersion, st.Fabric.Message))
+	r.report(r.fabricPhase(PhaseReady, r.fabric.readyMsg))
 }
 
-// stopFabric waits for our fabric manager's supervisor, which stops the daemon when the
-// runner's context ends, within Talos's stop budget.
+// stopFabric waits for the fabric watch, which ends with the runner's context. The fabric
+// manager is not this service's: it goes on running.
 func (r *Runner) stopFabric() {
 	if r.fabric.watchDone != nil {
 		<-r.fabric.watchDone
-	}
-
-	if r.fabric.done == nil {
-		return
-	}
-
-	select {
-	case <-r.fabric.done:
-	case <-time.After(9 * time.Second):
-		r.log.Error("nv-fabricmanager did not stop in time")
 	}
 }

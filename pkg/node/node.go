@@ -23,6 +23,7 @@ import (
 	"github.com/talos-nvidia/nvidia-driver/pkg/mig"
 	"github.com/talos-nvidia/nvidia-driver/pkg/nfd"
 	"github.com/talos-nvidia/nvidia-driver/pkg/nvmljobs"
+	"github.com/talos-nvidia/nvidia-driver/pkg/poll"
 )
 
 // Backoff bounds how often the runner looks again for what it waits for.
@@ -58,7 +59,7 @@ func New(log *slog.Logger, cfg config.Config, jobs nvmljobs.Jobs, opts ...Option
 		cfg:    cfg,
 		jobs:   jobs,
 		wait:   Backoff{Initial: time.Second, Max: 30 * time.Second},
-		status: &statusFile{path: cfg.StatusFile(), cur: Status{Subroot: cfg.Subroot}},
+		status: newStatusFile(cfg.StatusFile(), cfg.Subroot),
 	}
 
 	for _, o := range opts {
@@ -248,6 +249,7 @@ func (r *Runner) bringUp(ctx context.Context) error {
 		msg += fmt.Sprintf(", MIG layout %q: %s%s", r.cfg.MIGLayout, state, migDetail(r.status.get().MIG))
 	}
 
+	r.fabric.readyMsg = msg
 	r.report(r.fabricPhase(PhaseReady, msg))
 	r.watchFabric(ctx)
 
@@ -270,36 +272,19 @@ func (r *Runner) driverLoaded() error {
 	return nil
 }
 
-// waitFor calls check until it succeeds, with backoff. It reports the wait once per distinct
-// reason, so a node without a GPU logs one line, not one a second.
+// waitFor calls check until it succeeds, with backoff, reporting the wait once per distinct
+// reason; a permanent error ends it.
 func (r *Runner) waitFor(ctx context.Context, what string, check func() error) error {
-	delay := r.wait.Initial
-	last := ""
+	err := poll.Until(ctx, r.wait.Initial, r.wait.Max, check,
+		func(err error) bool { var p permanentError; return errors.As(err, &p) },
+		func(err error) { r.report(PhaseWaiting, fmt.Sprintf("waiting for %s: %s", what, err)) })
 
-	for {
-		err := check()
-		if err == nil {
-			return nil
-		}
-
-		var p permanentError
-		if errors.As(err, &p) {
-			return p.err
-		}
-
-		if msg := err.Error(); msg != last {
-			r.report(PhaseWaiting, fmt.Sprintf("waiting for %s: %s", what, msg))
-			last = msg
-		}
-
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(delay):
-		}
-
-		delay = min(delay*2, r.wait.Max)
+	var p permanentError
+	if errors.As(err, &p) {
+		return p.err
 	}
+
+	return err
 }
 
 func (r *Runner) report(phase, msg string) {
@@ -497,20 +482,13 @@ func (r *Runner) readiness() readinessSummary {
 	return sum
 }
 
-// hostProc is where the host's processes show: the host's /proc mounted at /host/proc (the
-// service's own /proc shows only its PID namespace), else /proc.
+// hostProc is where the service looks for the processes that hold a GPU open: its own /proc,
+// which shows only its PID namespace (Talos gives each extension service one). The host's
+// /proc is not mounted: through /proc/<pid>/root it would give write access to the whole
+// host, machine config and secrets included. NVML still names compute processes, and still
+// refuses a MIG mode change while anything holds the GPU (activationStatus IN_USE).
 func (r *Runner) hostProc() string {
-	if p := r.cfg.Host("/host/proc"); dirExists(p) {
-		return p
-	}
-
 	return r.cfg.Host("/proc")
-}
-
-func dirExists(p string) bool {
-	st, err := os.Stat(p)
-
-	return err == nil && st.IsDir()
 }
 
 // migState sums up the GPUs' MIG results for the node label: failed wins over

@@ -1,9 +1,6 @@
 package node
 
 import (
-	"encoding/json"
-	"fmt"
-	"sync"
 	"time"
 
 	"github.com/talos-nvidia/nvidia-driver/pkg/atomicfile"
@@ -38,42 +35,22 @@ type Status struct {
 }
 
 // statusFile keeps the latest status and writes it whole on every change.
-type statusFile struct {
-	mu   sync.Mutex
-	path string
-	cur  Status
+type statusFile struct{ *atomicfile.JSONFile[Status] }
+
+func newStatusFile(path, subroot string) *statusFile {
+	return &statusFile{atomicfile.NewJSONFile(path, Status{Subroot: subroot})}
 }
 
 func (s *statusFile) update(f func(*Status)) (Status, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-
-	f(&s.cur)
-	s.cur.Updated = time.Now().UTC()
-
-	data, err := json.MarshalIndent(s.cur, "", "  ")
-	if err != nil {
-		return s.cur, fmt.Errorf("encoding status: %w", err)
-	}
-
-	if _, err := atomicfile.Write(s.path, append(data, '\n'), 0o644); err != nil {
-		return s.cur, fmt.Errorf("writing status: %w", err)
-	}
-
-	return s.cur, nil
+	return s.Update(func(st *Status) { f(st); st.Updated = time.Now().UTC() })
 }
 
-func (s *statusFile) get() Status {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-
-	return s.cur
-}
+func (s *statusFile) get() Status { return s.Get() }
 
 // ReportInvalidConfig writes the status of a service whose configuration did not load: failed,
 // with the error, and nothing else, because nothing was done.
 func ReportInvalidConfig(path, subroot string, err error) error {
-	s := &statusFile{path: path, cur: Status{Subroot: subroot}}
+	s := newStatusFile(path, subroot)
 
 	_, werr := s.update(func(st *Status) {
 		st.Phase = PhaseFailed

@@ -134,8 +134,9 @@ func (c *Child) run(ctx context.Context, req request, changing func()) (response
 	cmd := exec.CommandContext(jobCtx, c.Command[0], c.Command[1:]...) //nolint:gosec // our own binary
 	cmd.Stdin = bytes.NewReader(in)
 	cmd.Stderr = c.Stderr
-	// On stop the child gets SIGTERM (from us, and from Talos, which signals every process of
-	// the container) and StopWait to finish, then SIGKILL.
+	// On stop the child gets SIGTERM from us (Talos signals the container's init alone: runc
+	// 1.2 and later ignore kill --all; the kernel kills the rest when the init exits) and
+	// StopWait to finish, then SIGKILL.
 	cmd.Cancel = func() error { return cmd.Process.Signal(syscall.SIGTERM) }
 	cmd.WaitDelay = c.StopWait
 
@@ -201,9 +202,8 @@ func (r response) err() error {
 
 // ServeProcess is the whole child process: one request from stdin, the answer on stdout, the
 // log on stderr. Whatever else writes to stdout (a library's printf) is sent to stderr, so
-// that it cannot run into an answer line. Talos's stop signals every process of the
-// container: SIGTERM ends the job's context, and a MIG change under way rolls back before
-// the child exits.
+// that it cannot run into an answer line. SIGTERM (from the service, when it stops) ends the
+// job's context, and a MIG change under way rolls back before the child exits.
 func ServeProcess(newLocal func(subroot string, log *slog.Logger) *Local) error {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()

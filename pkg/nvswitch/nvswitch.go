@@ -11,6 +11,10 @@
 //     procfs_nvswitch.c, nvswitch_procfs_device_add). NVIDIA's driver container starts the
 //     fabric manager when that directory is not empty (gpu-driver-container
 //     ubuntu22.04/nvidia-driver: _assert_nvswitch_system).
+//   - Generation: the PCI device id of a switch says which chip it is: LR10, NVSwitch gen 2
+//     of HGX A100 boards, or LS10, gen 3 of HGX H100/H200 (open-gpu-kernel-modules
+//     src/common/nvswitch/kernel/nvswitch.c: nvswitch_lr10_device_ids, nvswitch_ls10_device_ids).
+//     The fabric manager's restart rules differ between them.
 //   - NVLink 5 boards (HGX B200/B300, B100): their NVSwitches are not PCI devices; the fabric
 //     is managed through a ConnectX-7 bridge whose VPD carries "SW_MNG" (NVIDIA Fabric Manager
 //     User Guide, "NVIDIA HGX B200/B300 GPU Baseboard"; gpu-driver-container:
@@ -50,7 +54,31 @@ type Board struct {
 	Driver []string `json:"driver,omitempty"`
 	// NVLink5 lists the InfiniBand devices whose VPD marks them as NVLink management ports.
 	NVLink5 []string `json:"nvlink5,omitempty"`
+	// Arch is the GPU generation the switches serve: ArchAmpere, ArchHopper, ArchBlackwell,
+	// or ArchUnknown for switch device ids this build does not know; "" without switches.
+	Arch string `json:"arch,omitempty"`
 }
+
+// GPU generations told by the board's switches.
+const (
+	ArchAmpere    = "ampere"    // LR10, NVSwitch gen 2 (HGX A100)
+	ArchHopper    = "hopper"    // LS10, NVSwitch gen 3 (HGX H100, H200)
+	ArchBlackwell = "blackwell" // NVLink 5: switches managed through ConnectX-7 ports (HGX B200, B300)
+	ArchUnknown   = "unknown"
+)
+
+// PCI device ids of NVSwitch chips (open-gpu-kernel-modules src/common/nvswitch/kernel/nvswitch.c).
+var (
+	lr10DeviceIDs = []uint64{0x1ae8, 0x1af0, 0x1af1, 0x1af2, 0x1af3, 0x1af4, 0x1af5, 0x1af6, 0x1af7,
+		0x1af8, 0x1af9, 0x1afa, 0x1afb, 0x1afc, 0x1afd, 0x1afe, 0x1aff}
+	ls10DeviceIDs = []uint64{0x22a0, 0x22a1, 0x22a2, 0x22a3, 0x22a4, 0x22a5, 0x22a6, 0x22a7,
+		0x22a8, 0x22a9, 0x22aa, 0x22ab, 0x22ac, 0x22ad, 0x22ae, 0x22af}
+)
+
+// PreHopper says whether the board is an NVSwitch gen 2 (A100) board, where NVIDIA allows a
+// fabric manager to be started again while the GPUs run (with ABORT_CUDA_JOBS_ON_FM_EXIT=0).
+// Unknown switches count as later ones: the cautious side.
+func (b Board) PreHopper() bool { return b.Arch == ArchAmpere }
 
 // HasNVSwitch says whether anything on the board is an NVSwitch or manages one.
 func (b Board) HasNVSwitch() bool {
@@ -71,7 +99,8 @@ func Detect(hostRoot string) (Board, error) {
 		err  error
 	)
 
-	if b.PCI, err = pciSwitches(filepath.Join(hostRoot, pciDevices)); err != nil {
+	var ids []uint64
+	if b.PCI, ids, err = pciSwitches(filepath.Join(hostRoot, pciDevices)); err != nil {
 		errs = append(errs, err)
 	}
 
@@ -83,7 +112,33 @@ func Detect(hostRoot string) (Board, error) {
 		errs = append(errs, err)
 	}
 
+	b.Arch = arch(ids, len(b.NVLink5) > 0)
+
 	return b, errors.Join(errs...)
+}
+
+// arch names the generation of the switches' device ids; the oldest wins if they disagree
+// (never seen on one board), since its rules are the stricter about CUDA jobs.
+func arch(ids []uint64, nvlink5 bool) string {
+	switch {
+	case len(ids) == 0 && nvlink5:
+		return ArchBlackwell
+	case len(ids) == 0:
+		return ""
+	}
+
+	gen := ArchHopper
+
+	for _, id := range ids {
+		switch {
+		case slices.Contains(lr10DeviceIDs, id):
+			return ArchAmpere
+		case !slices.Contains(ls10DeviceIDs, id):
+			gen = ArchUnknown
+		}
+	}
+
+	return gen
 }
 
 // DriverDevices lists the switches the nvidia-nvswitch driver initialized, by bus id, sorted;
@@ -111,17 +166,21 @@ func DriverDevices(hostRoot string) ([]string, error) {
 	return ids, nil
 }
 
-func pciSwitches(dir string) ([]string, error) {
+// pciSwitches lists the NVSwitch functions by bus id, sorted, and their device ids.
+func pciSwitches(dir string) ([]string, []uint64, error) {
 	entries, err := os.ReadDir(dir)
 	if errors.Is(err, fs.ErrNotExist) {
-		return nil, nil
+		return nil, nil, nil
 	}
 
 	if err != nil {
-		return nil, fmt.Errorf("listing PCI devices in %s: %w", dir, err)
+		return nil, nil, fmt.Errorf("listing PCI devices in %s: %w", dir, err)
 	}
 
-	var ids []string
+	var (
+		ids     []string
+		devices []uint64
+	)
 
 	for _, e := range entries {
 		dev := filepath.Join(dir, e.Name())
@@ -134,17 +193,26 @@ func pciSwitches(dir string) ([]string, error) {
 
 		class, err := readHex(filepath.Join(dev, "class"))
 		if err != nil {
-			return nil, fmt.Errorf("PCI device %s: %w", e.Name(), err)
+			return nil, nil, fmt.Errorf("PCI device %s: %w", e.Name(), err)
 		}
 
-		if class == ClassNVSwitch {
-			ids = append(ids, e.Name())
+		if class != ClassNVSwitch {
+			continue
+		}
+
+		ids = append(ids, e.Name())
+
+		// An unreadable device id leaves the generation unknown, which is the cautious side.
+		if id, err := readHex(filepath.Join(dev, "device")); err == nil {
+			devices = append(devices, id)
+		} else {
+			devices = append(devices, 0)
 		}
 	}
 
 	slices.Sort(ids)
 
-	return ids, nil
+	return ids, devices, nil
 }
 
 func readHex(path string) (uint64, error) {

@@ -44,15 +44,23 @@ func TestDetect(t *testing.T) {
 		{"HGX board with four managed switches", func(t *testing.T, root string) {
 			write(t, root, "proc/devices", "Character devices:\n\nBlock devices:\n")
 			require.NoError(t, sim.WriteNVSwitchFS(root, sim.NVSwitches{Count: 4}))
-		}, nvswitch.Board{PCI: hgx, Driver: hgx}},
+		}, nvswitch.Board{PCI: hgx, Driver: hgx, Arch: nvswitch.ArchHopper}},
+		{"HGX A100 board: NVSwitch gen 2", func(t *testing.T, root string) {
+			write(t, root, "proc/devices", "Character devices:\n\nBlock devices:\n")
+			require.NoError(t, sim.WriteNVSwitchFS(root, sim.NVSwitches{Count: 4, DeviceID: 0x1af1}))
+		}, nvswitch.Board{PCI: hgx, Driver: hgx, Arch: nvswitch.ArchAmpere}},
+		{"a switch device id this build does not know", func(t *testing.T, root string) {
+			write(t, root, "proc/devices", "Character devices:\n\nBlock devices:\n")
+			require.NoError(t, sim.WriteNVSwitchFS(root, sim.NVSwitches{Count: 4, DeviceID: 0x2901}))
+		}, nvswitch.Board{PCI: hgx, Driver: hgx, Arch: nvswitch.ArchUnknown}},
 		{"switches the driver does not manage", func(t *testing.T, root string) {
 			write(t, root, "proc/devices", "Character devices:\n\nBlock devices:\n")
 			require.NoError(t, sim.WriteNVSwitchFS(root, sim.NVSwitches{Count: 4, Unmanaged: true}))
-		}, nvswitch.Board{PCI: hgx}},
+		}, nvswitch.Board{PCI: hgx, Arch: nvswitch.ArchHopper}},
 		{"NVLink 5 board: a CX7 bridge with SW_MNG in its VPD", func(t *testing.T, root string) {
 			write(t, root, "sys/class/infiniband/mlx5_0/device/vpd", "\x82\x10ConnectX-7\x90SMDL SW_MNG\x78")
 			write(t, root, "sys/class/infiniband/mlx5_1/device/vpd", "\x82\x10ConnectX-7 NIC\x78")
-		}, nvswitch.Board{NVLink5: []string{"mlx5_0"}}},
+		}, nvswitch.Board{NVLink5: []string{"mlx5_0"}, Arch: nvswitch.ArchBlackwell}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			root := t.TempDir()
@@ -62,6 +70,7 @@ func TestDetect(t *testing.T) {
 			require.NoError(t, err)
 			assert.Equal(t, tc.want, got)
 			assert.Equal(t, tc.want.HasNVSwitch(), got.HasNVSwitch())
+			assert.Equal(t, tc.want.Arch == nvswitch.ArchAmpere, got.PreHopper())
 		})
 	}
 }

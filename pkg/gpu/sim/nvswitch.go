@@ -26,6 +26,9 @@ type NVSwitches struct {
 	// as in a VM that got the GPUs and switches but not the board's topology
 	// (siderolabs/talos#14015).
 	Unmanaged bool
+	// DeviceID is the switches' PCI device id: 0 is 0x22a3, the LS10 (NVSwitch gen 3) of an
+	// HGX H100 or H200; 0x1af1 is the LR10 (gen 2) of an HGX A100.
+	DeviceID uint16
 }
 
 // WriteNVSwitchFS writes under hostRoot the sysfs and procfs files of an NVSwitch board, in
@@ -53,7 +56,12 @@ func WriteNVSwitchFS(hostRoot string, b NVSwitches) error {
 		pci := filepath.Join("sys/bus/pci/devices", bus)
 		files[filepath.Join(pci, "vendor")] = "0x10de\n"
 		files[filepath.Join(pci, "class")] = "0x068000\n"
-		files[filepath.Join(pci, "device")] = "0x22a3\n" // the HGX H100 NVSwitch in NVIDIA's user guide
+		device := b.DeviceID
+		if device == 0 {
+			device = 0x22a3 // the HGX H100 NVSwitch in NVIDIA's user guide
+		}
+
+		files[filepath.Join(pci, "device")] = fmt.Sprintf("0x%04x\n", device)
 
 		if !b.Unmanaged {
 			files[filepath.Join("proc/driver/nvidia-nvswitch/devices", bus, "information")] = "BIOS Version: 96.10.55.00.01\n"

@@ -1,0 +1,152 @@
+package harness
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+
+	"golang.org/x/sys/unix"
+)
+
+// talosRoot replaces the namespace's root with one shaped as a Talos node's, so that what the
+// service's YAML asks of it meets what machined would meet:
+//
+//   - / is read-only and machined's working directory (internal/pkg/mount/switchroot/
+//     switchroot.go: Chdir to the new root, Chroot(".")), so a relative mount source fails
+//     there as it fails on Talos: "mkdir tmpfs: read-only file system";
+//   - /etc is read-only; /etc/kubernetes becomes writable only when cri runs (services/cri.go
+//     Volumes: constants.Overlays), see talosNode.startServices;
+//   - /system and /var are writable (tmpfs here; on a node /system is a tmpfs and /var the
+//     EPHEMERAL volume).
+//
+// The new root is a tmpfs holding a bind of each of the build machine's top-level directories
+// (so that runc, the extension and the scratch directory are where they were) and its
+// symlinks; the machine's own root is detached from the namespace, so nothing the harness or
+// the service creates can land on it.
+func talosRoot(scratch string) error {
+	root := filepath.Join(scratch, "root")
+	if err := os.MkdirAll(root, 0o755); err != nil {
+		return err
+	}
+
+	if err := unix.Mount("tmpfs", root, "tmpfs", 0, "mode=0755"); err != nil {
+		return fmt.Errorf("mounting the node's root: %w", err)
+	}
+
+	entries, err := os.ReadDir("/")
+	if err != nil {
+		return err
+	}
+
+	for _, e := range entries {
+		name := e.Name()
+		target := filepath.Join(root, name)
+
+		switch {
+		case e.Type()&os.ModeSymlink != 0:
+			dest, err := os.Readlink("/" + name)
+			if err != nil {
+				return err
+			}
+
+			if err := os.Symlink(dest, target); err != nil {
+				return err
+			}
+		case !e.IsDir():
+			// /.dockerenv and the like: not part of a node.
+		case name == "etc":
+			if err := readOnlyEtc(scratch, target); err != nil {
+				return err
+			}
+		case name == "var" || name == "system":
+			// Made below, empty.
+		default:
+			if err := bindDir("/"+name, target); err != nil {
+				return err
+			}
+		}
+	}
+
+	for _, d := range []string{"var", "system"} {
+		p := filepath.Join(root, d)
+		if err := os.MkdirAll(p, 0o755); err != nil {
+			return err
+		}
+
+		if err := unix.Mount("tmpfs", p, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV, "mode=0755"); err != nil {
+			return fmt.Errorf("mounting /%s: %w", d, err)
+		}
+	}
+
+	old := filepath.Join(root, ".old-root")
+	if err := os.Mkdir(old, 0o700); err != nil {
+		return err
+	}
+
+	if err := unix.PivotRoot(root, old); err != nil {
+		return fmt.Errorf("pivot_root to the node's root: %w", err)
+	}
+
+	if err := os.Chdir("/"); err != nil {
+		return err
+	}
+
+	if err := unix.Unmount("/.old-root", unix.MNT_DETACH); err != nil {
+		return fmt.Errorf("detaching the build machine's root: %w", err)
+	}
+
+	if err := os.Remove("/.old-root"); err != nil {
+		return err
+	}
+
+	if err := unix.Mount("", "/", "", unix.MS_REMOUNT|unix.MS_RDONLY, ""); err != nil {
+		return fmt.Errorf("making / read-only: %w", err)
+	}
+
+	return nil
+}
+
+// bindDir binds the directory src, with its submounts, at target.
+func bindDir(src, target string) error {
+	if err := os.Mkdir(target, 0o755); err != nil {
+		return err
+	}
+
+	if err := unix.Mount(src, target, "", unix.MS_BIND|unix.MS_REC, ""); err != nil {
+		return fmt.Errorf("binding %s: %w", src, err)
+	}
+
+	return nil
+}
+
+// readOnlyEtc mounts the machine's /etc read-only at target, with an empty kubernetes
+// directory on it: the mount point of cri's overlay.
+func readOnlyEtc(scratch, target string) error {
+	if err := os.Mkdir(target, 0o755); err != nil {
+		return err
+	}
+
+	if err := overlay(filepath.Join(scratch, "etc"), target, []string{"/etc"}, true); err != nil {
+		return err
+	}
+
+	if err := os.Mkdir(filepath.Join(target, "kubernetes"), 0o755); err != nil && !errors.Is(err, os.ErrExist) {
+		return err
+	}
+
+	if err := unix.Mount("", target, "", unix.MS_REMOUNT|unix.MS_RDONLY, ""); err != nil {
+		return fmt.Errorf("making /etc read-only: %w", err)
+	}
+
+	return nil
+}
+
+// criOverlays is what the cri service's volumes do to /etc/kubernetes: a writable directory.
+func criOverlays() error {
+	if err := unix.Mount("tmpfs", "/etc/kubernetes", "tmpfs", unix.MS_NOSUID|unix.MS_NODEV, "mode=0755"); err != nil {
+		return fmt.Errorf("mounting cri's /etc/kubernetes: %w", err)
+	}
+
+	return nil
+}
