@@ -22,6 +22,8 @@ if ! grep -q 'source: tmpfs' "$yaml"; then
 fi
 grep -q 'source: tmpfs' "$yaml" || { echo "control.sh: could not add the tmpfs mount to $yaml" >&2; exit 2; }
 grep -n -A3 "source: tmpfs" "$yaml"
+# The real node had the service Running 25 s after its guest started; 180 s is ample.
+export TALOS_NODE_WAIT=${TALOS_NODE_WAIT:-180}
 if "$here/test.sh" "$copy" "$dir/run"; then
 	echo "talos-node control: FAIL: test.sh passed with source: tmpfs in the service YAML"
 	exit 1

@@ -75,7 +75,11 @@ say "boot: $svc reaches Running (Talos starts it; no depends that cannot come tr
 if until_ok "$wait_s" running; then
 	echo "$svc Running $((SECONDS - boot_start)) s after the guest started"
 else
-	fail "$svc is not Running after ${wait_s} s"
+	# The checks after this one need a running service.
+	echo "FAIL: $svc is not Running after ${wait_s} s:"
+	capture boot-no-document
+	echo "talos-node: FAIL"
+	exit 1
 fi
 capture boot-no-document
 # The extension's other service, shown as Talos shows it (its own checks are not here).
