@@ -1,10 +1,14 @@
 #!/usr/bin/env bash
-# The control of hack/talos-node/test.sh: the same checks against a copy of the extension whose
-# service YAML has the `source: tmpfs` mount back (the defect that stopped the service on every
-# Talos node: machined's extension Runner calls os.MkdirAll on every mount source, relative to
-# `/` on a read-only root). Exits 0 only when test.sh fails; a test.sh that passes it is a
-# test that cannot catch the defect.
+# The controls of hack/talos-node/test.sh: the same checks against a copy of the extension whose
+# service YAML has a known defect back. Exits 0 only when test.sh fails; a test.sh that passes
+# is a test that cannot catch the defect.
 #   control.sh EXTENSION_DIR [STATE_DIR]
+# TALOS_NODE_CONTROL picks the defect:
+#   tmpfs    (default) the `source: tmpfs` mount, which stopped the service on every Talos node:
+#            machined's extension Runner calls os.MkdirAll on every mount source, relative to `/`
+#            on a read-only root;
+#   depends  a `depends` that never comes true on a node without the module
+#            (path: /proc/driver/nvidia/version): the service waits, and machined's boot with it.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 ext=$1
@@ -14,18 +18,29 @@ copy=$dir/extension
 rm -rf "$copy"
 cp -a "$ext" "$copy"
 yaml=$copy/rootfs/usr/local/etc/containers/nvidia-driver.yaml
-if ! grep -q 'source: tmpfs' "$yaml"; then
+control=${TALOS_NODE_CONTROL:-tmpfs}
+case $control in
+tmpfs)
 	# The first of the container's mounts (the YAML's two-space `  mounts:` list).
-	awk '{ print } /^  mounts:$/ && !done { print "    - source: tmpfs\n      destination: /tmp\n      type: tmpfs\n      options: [nosuid, nodev, noexec, mode=1777, size=16m]"; done = 1 }' \
-		"$yaml" >"$yaml.new"
+	if ! grep -q 'source: tmpfs' "$yaml"; then
+		awk '{ print } /^  mounts:$/ && !done { print "    - source: tmpfs\n      destination: /tmp\n      type: tmpfs\n      options: [nosuid, nodev, noexec, mode=1777, size=16m]"; done = 1 }' \
+			"$yaml" >"$yaml.new"
+		mv "$yaml.new" "$yaml"
+	fi
+	grep -n -A3 'source: tmpfs' "$yaml" || { echo "control.sh: could not add the tmpfs mount to $yaml" >&2; exit 2; }
+	;;
+depends)
+	awk '{ print } /^depends:$/ && !done { print "  - path: /proc/driver/nvidia/version"; done = 1 }' "$yaml" >"$yaml.new"
 	mv "$yaml.new" "$yaml"
-fi
-grep -q 'source: tmpfs' "$yaml" || { echo "control.sh: could not add the tmpfs mount to $yaml" >&2; exit 2; }
-grep -n -A3 "source: tmpfs" "$yaml"
+	grep -n -A3 '^depends:' "$yaml"
+	grep -q 'path: /proc/driver/nvidia/version' "$yaml" || { echo "control.sh: could not add the depends to $yaml" >&2; exit 2; }
+	;;
+*) echo "control.sh: unknown TALOS_NODE_CONTROL $control" >&2; exit 2 ;;
+esac
 # The real node had the service Running 25 s after its guest started; 180 s is ample.
 export TALOS_NODE_WAIT=${TALOS_NODE_WAIT:-180}
 if "$here/test.sh" "$copy" "$dir/run"; then
-	echo "talos-node control: FAIL: test.sh passed with source: tmpfs in the service YAML"
+	echo "talos-node control ($control): FAIL: test.sh passed with the defect in the service YAML"
 	exit 1
 fi
-echo "talos-node control: PASS: test.sh failed with source: tmpfs in the service YAML"
+echo "talos-node control ($control): PASS: test.sh failed with the defect in the service YAML"
