@@ -39,8 +39,14 @@ depends)
 esac
 # The real node had the service Running 25 s after its guest started; 180 s is ample.
 export TALOS_NODE_WAIT=${TALOS_NODE_WAIT:-180}
-if "$here/test.sh" "$copy" "$dir/run"; then
+# The control holds only when the checks fail on the defect: the node up, the service not
+# Running (any other failure, such as a node that never came up, proves nothing).
+if "$here/test.sh" "$copy" "$dir/run" 2>&1 | tee "$dir/test.log"; then
 	echo "talos-node control ($control): FAIL: test.sh passed with the defect in the service YAML"
 	exit 1
 fi
-echo "talos-node control ($control): PASS: test.sh failed with the defect in the service YAML"
+if ! grep -q '^FAIL: ext-nvidia-driver is not Running' "$dir/test.log"; then
+	echo "talos-node control ($control): FAIL: test.sh failed, but not on the service (see $dir/test.log)"
+	exit 1
+fi
+echo "talos-node control ($control): PASS: test.sh failed with the defect in the service YAML, on the service"

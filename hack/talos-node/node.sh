@@ -42,7 +42,13 @@ esac
 stop
 
 # A free port on 127.0.0.1 for apid, forwarded to the guest's 50000.
-port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+# (Nothing answering a connect; qemu fails to start if another takes it meanwhile.)
+port=
+for _ in $(seq 50); do
+	p=$((40000 + RANDOM % 20000))
+	if ! (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null; then port=$p; break; fi
+done
+[ -n "$port" ] || { echo "node.sh: no free port found for apid" >&2; exit 1; }
 echo "$port" >"$dir/apid.port"
 
 # The machine config, from talosctl gen config as a user makes it, with the node's own patch
