@@ -78,6 +78,8 @@ else
 	# The checks after this one need a running service.
 	echo "FAIL: $svc is not Running after ${wait_s} s:"
 	capture boot-no-document
+	echo "machined's last list of services the boot waits for:"
+	t logs machined 2>&1 | grep 'to be "up"' | tail -1
 	echo "talos-node: FAIL"
 	exit 1
 fi
