@@ -9,6 +9,7 @@
 #   make flavors    re-render the generated release recipes (vars.yaml, flavors/, stages/nvidia-userspace-*)
 #   make release-image  one flavor's release image with docker buildx and bldr (FLAVOR, TALOS_VERSION, IMAGE)
 #   make test-k8s-node  deploy/ on a real one-node Kubernetes cluster (hack/k8s-node), no GPU; part of make test
+#   make talos-node     the extension on a real Talos v1.13.9 node (hack/talos-node), no GPU; not part of make test
 
 SHELL := /bin/bash
 OUT ?= _out
@@ -122,6 +123,7 @@ e2e-gpu: e2e-tools
 
 include hack/deploy.mk
 include hack/k8s-node.mk
+include hack/talos-node.mk
 
 clean:
 	rm -rf $(OUT)

@@ -1,0 +1,109 @@
+#!/usr/bin/env bash
+# Boots one Talos v1.13.9 node (control plane, allowSchedulingOnControlPlanes) in container mode
+# inside a virtual machine, with the given extensions' files in its root filesystem, and waits
+# until its API answers talosctl. Everything after that goes through talosctl.
+#   node.sh start DIR [EXTENSION_DIR...]   DIR: the node's state (talosconfig, console.log, qemu pid)
+#   node.sh stop DIR
+# EXTENSION_DIR: an extension image's directory as `make extension` writes it (its rootfs/ goes
+# to the node's /, as Talos puts an extension's files on a node).
+# Environment: TALOS_NODE_OUT (default _out/talos-node, from build.sh), TALOS_NODE_PATCHES
+# (machine config patch files, space-separated), TALOS_NODE_MEM (MiB, default 6144),
+# TALOS_NODE_ACCEL (qemu -accel, default tcg: this machine's /dev/kvm is PVM, which boots only
+# PVM-enabled guest kernels; docs/talos-node.md), TALOS_NODE_BOOT_TIMEOUT (s, default 900).
+set -euo pipefail
+
+here=$(cd "$(dirname "$0")" && pwd)
+out=${TALOS_NODE_OUT:-$here/../../_out/talos-node}
+mem=${TALOS_NODE_MEM:-6144}
+cpus=2
+accel=${TALOS_NODE_ACCEL:-tcg,thread=multi}
+name=talos-node
+cmd=$1 dir=$2
+shift 2
+mkdir -p "$dir"
+dir=$(cd "$dir" && pwd)
+talosctl=$out/bin/talosctl
+
+stop() {
+	if [ -f "$dir/qemu.pid" ]; then
+		local pid
+		pid=$(cat "$dir/qemu.pid")
+		kill "$pid" 2>/dev/null || true
+		for _ in $(seq 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.2; done
+		rm -f "$dir/qemu.pid"
+	fi
+}
+
+case $cmd in
+stop) stop; exit 0 ;;
+start) ;;
+*) echo "node.sh: unknown command $cmd" >&2; exit 2 ;;
+esac
+stop
+
+# A free port on 127.0.0.1 for apid, forwarded to the guest's 50000.
+# (Nothing answering a connect; qemu fails to start if another takes it meanwhile.)
+port=
+for _ in $(seq 50); do
+	p=$((40000 + RANDOM % 20000))
+	if ! (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null; then port=$p; break; fi
+done
+[ -n "$port" ] || { echo "node.sh: no free port found for apid" >&2; exit 1; }
+echo "$port" >"$dir/apid.port"
+
+# The machine config, from talosctl gen config as a user makes it, with the node's own patch
+# (hack/talos-node/node.patch.yaml) and the caller's.
+rm -rf "$dir/config"
+patches=(--config-patch "@$here/node.patch.yaml")
+for p in ${TALOS_NODE_PATCHES:-}; do patches+=(--config-patch "@$p"); done
+"$talosctl" gen config "$name" https://10.0.2.15:6443 --output "$dir/config" \
+	--with-docs=false --with-examples=false "${patches[@]}" >/dev/null
+"$talosctl" --talosconfig "$dir/config/talosconfig" config endpoint "127.0.0.1:$port"
+"$talosctl" --talosconfig "$dir/config/talosconfig" config node 10.0.2.15
+cp "$dir/config/talosconfig" "$dir/talosconfig"
+
+# The initramfs: the guest (busybox, runc, modules, init), the node's rootfs, the extensions'
+# files over it, and the bundle. The kernel unpacks concatenated archives in order.
+stage=$dir/initramfs
+rm -rf "$stage" && mkdir -p "$stage/talos/rootfs"
+for e in "$@"; do
+	[ -d "$e/rootfs" ] || { echo "node.sh: $e has no rootfs/ (an extension image directory?)" >&2; exit 2; }
+	cp -a "$e/rootfs/." "$stage/talos/rootfs/"
+done
+echo "$name" >"$stage/talos/hostname"
+"$here/spec.sh" "$name" "$dir/config/controlplane.yaml" "$cpus" "$mem" >"$stage/talos/config.json"
+cpio_of() { (cd "$1" && find . | LC_ALL=C sort | cpio --quiet -o -H newc); }
+if [ ! -f "$out/guest/rootfs.cpio" ] || [ "$out/.stamp-rootfs" -nt "$out/guest/rootfs.cpio" ]; then
+	mkdir -p "$out/guest/rootfs-stage/talos"
+	rm -rf "$out/guest/rootfs-stage/talos/rootfs"
+	cp -al "$out/rootfs" "$out/guest/rootfs-stage/talos/rootfs"
+	cpio_of "$out/guest/rootfs-stage" >"$out/guest/rootfs.cpio"
+fi
+{ cpio_of "$out/guest/base"; cat "$out/guest/rootfs.cpio"; cpio_of "$stage"; } >"$dir/initramfs.cpio"
+
+: >"$dir/console.log"
+qemu-system-x86_64 -accel "$accel" -cpu max -smp "$cpus" -m "$mem" \
+	-kernel "$out/guest/vmlinuz" -initrd "$dir/initramfs.cpio" \
+	-append "console=ttyS0 rdinit=/init panic=-1 quiet" \
+	-netdev "user,id=n0,hostfwd=tcp:127.0.0.1:$port-:50000" -device virtio-net-pci,netdev=n0 \
+	-display none -serial "file:$dir/console.log" -no-reboot \
+	-daemonize -pidfile "$dir/qemu.pid"
+echo "node.sh: guest started (qemu $(cat "$dir/qemu.pid"), apid at 127.0.0.1:$port, console $dir/console.log)" >&2
+
+start=$SECONDS
+timeout=${TALOS_NODE_BOOT_TIMEOUT:-900}
+until "$talosctl" --talosconfig "$dir/talosconfig" version >/dev/null 2>&1; do
+	if ! kill -0 "$(cat "$dir/qemu.pid")" 2>/dev/null; then
+		echo "node.sh: the guest stopped before apid answered; its console:" >&2
+		tail -50 "$dir/console.log" >&2
+		exit 1
+	fi
+	if ((SECONDS - start > timeout)); then
+		echo "node.sh: apid did not answer in ${timeout} s; the console's end:" >&2
+		tail -50 "$dir/console.log" >&2
+		exit 1
+	fi
+	sleep 5
+done
+echo "node.sh: apid answered $((SECONDS - start)) s after the guest started" >&2
+echo "$((SECONDS - start))" >"$dir/apid.seconds"
