@@ -1,22 +1,17 @@
 #!/usr/bin/env bash
 # Install what the tests need on a fresh Debian machine: runc (container tests), util-linux
 # (unshare), binutils (readelf), and the tools for the rest (dpkg-deb, apt-get already there);
-# for the Kubernetes test node (hack/k8s-node): libseccomp's static library (a static runc);
-# for the Talos node (hack/talos-node): qemu, a Debian kernel for its guest, busybox, cpio.
+# for the Kubernetes test node (hack/k8s-node): libseccomp's static library (a static runc).
+# The Talos node's (make talos-node) are in hack/install-talos-node-deps.sh, which passes
+# the packages it lacks as arguments: they are installed with these.
 # Idempotent; quiet when everything is present.
 set -euo pipefail
-need=()
+need=("$@")
 command -v runc >/dev/null || need+=(runc)
 command -v unshare >/dev/null || need+=(util-linux)
 command -v readelf >/dev/null || need+=(binutils)
 command -v findmnt >/dev/null || need+=(util-linux)
 [ -e /usr/lib/x86_64-linux-gnu/libseccomp.a ] || need+=(libseccomp-dev)
-command -v qemu-system-x86_64 >/dev/null || need+=(qemu-system-x86)
-compgen -G '/boot/vmlinuz-*' >/dev/null || need+=(linux-image-amd64)
-# The guest's init runs busybox with no libraries: it must be the static one.
-{ [ -x /bin/busybox ] && ! ldd /bin/busybox >/dev/null 2>&1; } || need+=(busybox-static)
-command -v cpio >/dev/null || need+=(cpio)
-command -v modprobe >/dev/null || need+=(kmod)
 if [ ${#need[@]} -gt 0 ]; then
   echo "install-test-deps: installing ${need[*]}" >&2
   export DEBIAN_FRONTEND=noninteractive

@@ -9,7 +9,7 @@ TALOS_NODE_EXTENSION ?= $(OUT)/extensions/nvidia-driver-dev-debian
 
 # machined, talosctl, containerd, runc, the CNI plugins, the node's rootfs and the guest.
 talos-node-build:
-	hack/install-test-deps.sh
+	hack/install-talos-node-deps.sh
 	hack/talos-node/build.sh
 
 # The checks of hack/talos-node/test.sh against the extension as make extension builds it.

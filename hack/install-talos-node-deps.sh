@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# Install what the Talos node (hack/talos-node, make talos-node) needs besides the tests' own
+# (hack/install-test-deps.sh): qemu, a Debian kernel for its guest, the static busybox its
+# init runs (no libraries in the guest), cpio and kmod for the guest's initramfs. Kept out of
+# make test's install: CI does not run the node (docs/talos-node.md says why).
+# Idempotent; quiet when everything is present.
+set -euo pipefail
+need=()
+command -v qemu-system-x86_64 >/dev/null || need+=(qemu-system-x86)
+compgen -G '/boot/vmlinuz-*' >/dev/null || need+=(linux-image-amd64)
+{ [ -x /bin/busybox ] && ! ldd /bin/busybox >/dev/null 2>&1; } || need+=(busybox-static)
+command -v cpio >/dev/null || need+=(cpio)
+command -v modprobe >/dev/null || need+=(kmod)
+exec "$(dirname "$0")/install-test-deps.sh" "${need[@]}"
