@@ -45,6 +45,13 @@ type Spec struct {
 	// the read-only driver root, where nvcdi looks). The mount outlives the
 	// supervisor, which reuses it on its next run: containers' specs point at it.
 	MirrorDir string
+	// KeepSocket leaves a socket without a listener at Socket whenever no daemon holds it (the
+	// supervisor's stop, a death), instead of removing the path: CDI specs name the socket,
+	// and runc fails a container whose bind mount has no source ("failed to fulfil mount
+	// request", seen on the H200 for a container created while the service restarted). The
+	// daemon must unlink a stale socket before it binds, as nvidia-persistenced does
+	// (nvidia-persistenced.c, setup_rpc).
+	KeepSocket bool
 	// Prepare, if set, runs before every start (the fabric manager writes its config file).
 	Prepare func() error
 	// Foreign, if set, runs before every start and returns a *ForeignDaemonError when a
@@ -194,6 +201,9 @@ func Persistenced(o PersistencedOptions) (Spec, error) {
 		PIDFile:   filepath.Join(o.RunDir, "nvidia-persistenced.pid"),
 		Socket:    filepath.Join(o.RunDir, "socket"),
 		MirrorDir: o.MirrorDir,
+		// Where the socket is mirrored under the driver root, CDI specs name it.
+		// nvidia-persistenced.c setup_rpc: "(void)unlink(NVPD_SOCKET_PATH)" before it binds.
+		KeepSocket: o.MirrorDir != "",
 	}
 	return s, s.Validate()
 }

@@ -497,13 +497,40 @@ func (s *Supervisor) cleanStale() {
 		s.log.Info("removing stale pid file", "path", s.spec.PIDFile)
 	}
 	for _, p := range []string{s.spec.PIDFile, s.spec.Socket} {
-		if p == "" {
+		if p == "" || (p == s.spec.Socket && s.spec.KeepSocket) {
 			continue
 		}
 		if err := removeIfExists(p); err != nil {
 			s.log.Warn("cannot remove stale state", "error", err)
 		}
 	}
+	if s.spec.KeepSocket && s.spec.Socket != "" {
+		if err := keepSocket(s.spec.Socket); err != nil {
+			s.log.Warn("cannot keep the socket's path", "error", err)
+		}
+	}
+}
+
+// keepSocket makes sure a socket is at path: the stale one where there is one, else a new one
+// that no process listens on (a connection is refused, as to a daemon that is down).
+func keepSocket(path string) error {
+	st, err := os.Lstat(path)
+	switch {
+	case err == nil && st.Mode().Type() == os.ModeSocket:
+		return nil
+	case err == nil:
+		if err := os.Remove(path); err != nil {
+			return fmt.Errorf("replacing %s, not a socket: %w", path, err)
+		}
+	case !errors.Is(err, os.ErrNotExist):
+		return fmt.Errorf("keeping the socket %s: %w", path, err)
+	}
+	l, err := net.ListenUnix("unix", &net.UnixAddr{Name: path, Net: "unix"})
+	if err != nil {
+		return fmt.Errorf("keeping the socket %s: %w", path, err)
+	}
+	l.SetUnlinkOnClose(false)
+	return l.Close()
 }
 
 func socketAnswers(path string) bool {

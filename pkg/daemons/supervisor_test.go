@@ -3,6 +3,7 @@ package daemons_test
 import (
 	"context"
 	"errors"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -457,5 +458,34 @@ func TestDaemonGetsAMinimalEnvironment(t *testing.T) {
 
 	for _, kv := range env {
 		assert.False(t, strings.HasPrefix(kv, "LD_PRELOAD=") || strings.HasPrefix(kv, "NVIDIA_DRIVER_LEAK_CHECK="), "the service's %s reached the daemon", kv)
+	}
+}
+
+// TestSocketPathOutlivesTheDaemon: CDI specs name nvidia-persistenced's socket, and runc
+// fails a container whose bind mount has no source (seen on the H200 for a container created
+// while the service restarted). Between daemons the path holds a socket nobody listens on;
+// the next daemon replaces it (as nvidia-persistenced.c setup_rpc unlinks a stale socket).
+func TestSocketPathOutlivesTheDaemon(t *testing.T) {
+	f := newFixture(t, "ok", func(o *daemons.PersistencedOptions) { o.MirrorDir = "/run/nvidia/driver/run/nvidia-persistenced" })
+	require.True(t, f.spec.KeepSocket, "mirrored under the driver root, where CDI specs name it: kept")
+	f.spec.MirrorDir = "" // the supervisor itself, without the mount
+	socket := filepath.Join(f.runDir, "socket")
+
+	for i := range 2 {
+		s, stop := f.run(t, fast)
+		waitReady(t, s)
+
+		c, err := net.Dial("unix", socket)
+		require.NoError(t, err, "run %d: the daemon answers", i+1)
+		require.NoError(t, c.Close())
+
+		require.NoError(t, stop())
+
+		st, err := os.Lstat(socket)
+		require.NoError(t, err, "run %d: the socket's path is still there after the stop", i+1)
+		assert.Equal(t, os.ModeSocket, st.Mode().Type())
+
+		_, err = net.Dial("unix", socket)
+		assert.Error(t, err, "nothing listens on it between daemons")
 	}
 }
