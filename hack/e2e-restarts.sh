@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # On a GPU host, as root: the service run as Talos runs it (hack/harness, runc 1.4.3), ready,
 # then its ExtensionServiceConfig changed three times (each a stop and start by Talos) while a
-# CUDA workload runs through the service's CDI spec (hack/e2e-long-workload.sh) and containers
-# are started one after another (hack/e2e-start-loop.sh), some during the restarts. Passes
+# CUDA workload runs through the service's CDI spec (hack/e2e-long-workload.sh matmul) and containers
+# are started one after another (... starts), some during the restarts. Passes
 # (exit 0) only when the service came back ready after every change, the driver root was
 # reused (one mount), the workload ran its whole time with every result right, and every
 # container started. Skipped (exit 0)
@@ -26,7 +26,7 @@ PATH=$PWD/_out/talos-runc:$PATH _out/bin/harness -json -runc "$PWD/_out/talos-ru
   -extension _out/extensions/nvidia-driver-dev-host \
   -env NVIDIA_DRIVER_PERSISTENCE_MODE=false -env NVIDIA_DRIVER_LOG_LEVEL=info \
   -until ready -wait 120s -hold 1s -changes 3 -change-every $((secs / 5))s \
-  -after-ready "$PWD/hack/e2e-long-workload.sh $secs & $PWD/hack/e2e-start-loop.sh $secs; loop=\$?; wait \$!; long=\$?; [ \$loop = 0 ] && [ \$long = 0 ]" >"$out/restarts.json"
+  -after-ready "$PWD/hack/e2e-long-workload.sh matmul $secs & $PWD/hack/e2e-long-workload.sh starts $secs; loop=\$?; wait \$!; long=\$?; [ \$loop = 0 ] && [ \$long = 0 ]" >"$out/restarts.json"
 rc=$?
 echo "== modes after: $(nvidia-smi --query-gpu=persistence_mode,mig.mode.current --format=csv,noheader | tr '\n' ' ')"
 python3 - "$out/restarts.json" <<'PY'
