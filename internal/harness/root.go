@@ -141,8 +141,8 @@ func bindDir(src, target string) error {
 	return nil
 }
 
-// readOnlyEtc mounts the machine's /etc read-only at target, with an empty kubernetes
-// directory on it: the mount point of cri's overlay.
+// readOnlyEtc mounts the machine's /etc read-only at target, with an empty, read-only
+// kubernetes directory on it: the mount point of cri's overlay.
 func readOnlyEtc(scratch, target string) error {
 	if err := os.Mkdir(target, 0o755); err != nil {
 		return err
@@ -152,12 +152,18 @@ func readOnlyEtc(scratch, target string) error {
 		return err
 	}
 
-	if err := os.Mkdir(filepath.Join(target, "kubernetes"), 0o755); err != nil && !errors.Is(err, os.ErrExist) {
+	kube := filepath.Join(target, "kubernetes")
+	if err := os.Mkdir(kube, 0o755); err != nil && !errors.Is(err, os.ErrExist) {
 		return err
 	}
 
 	if err := unix.Mount("", target, "", unix.MS_REMOUNT|unix.MS_RDONLY, ""); err != nil {
 		return fmt.Errorf("making /etc read-only: %w", err)
+	}
+
+	// Empty, as in Talos's root filesystem, whatever the machine's /etc/kubernetes holds.
+	if err := unix.Mount("tmpfs", kube, "tmpfs", unix.MS_RDONLY|unix.MS_NOSUID|unix.MS_NODEV, "mode=0755"); err != nil {
+		return fmt.Errorf("emptying /etc/kubernetes: %w", err)
 	}
 
 	return nil
