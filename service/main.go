@@ -146,6 +146,10 @@ func runService(stderr io.Writer) int {
 
 	ctx = watchForFirstDocument(ctx, log, cfg)
 
+	for _, msg := range cfg.Ignored {
+		log.Warn(msg)
+	}
+
 	if len(cfg.FromDocument) > 0 {
 		log.Warn("the nvidia-driver ExtensionServiceConfig came after Talos made this container: its files are read from "+document.BaseDir+
 			"; its environment entries, if any, take effect at the next `talosctl service ext-nvidia-driver restart`",

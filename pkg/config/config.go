@@ -65,6 +65,9 @@ type Config struct {
 
 	NFDFeaturesDir string // a host path; empty: off
 
+	// Ignored says, for each setting given that this build no longer has, why it has none.
+	Ignored []string
+
 	// FromDocument lists the document files read from Talos's document directory because
 	// Talos had not mounted them (the document came after the service's container was made).
 	FromDocument []string
@@ -167,6 +170,12 @@ func Load(environ []string) (Config, error) {
 	}
 
 	for _, v := range values {
+		if r, ok := retired[v.key]; ok {
+			c.Ignored = append(c.Ignored, fmt.Sprintf("%s:%d: %s is ignored: %s", path, v.line, v.key, r.why))
+
+			continue
+		}
+
 		s, ok := byKey[v.key]
 		if !ok {
 			errs = append(errs, fmt.Errorf("%s:%d: unknown key %q%s", path, v.line, v.key, suggest(v.key, keys(all))))
@@ -196,7 +205,18 @@ func Load(environ []string) (Config, error) {
 
 	sort.Strings(names)
 
+	retiredEnv := map[string]string{}
+	for _, r := range retired {
+		retiredEnv[EnvPrefix+r.env] = r.why
+	}
+
 	for _, name := range names {
+		if why, ok := retiredEnv[name]; ok {
+			c.Ignored = append(c.Ignored, fmt.Sprintf("environment: %s is ignored: %s", name, why))
+
+			continue
+		}
+
 		s, ok := byEnv[name]
 		if !ok {
 			errs = append(errs, fmt.Errorf("environment: unknown variable %s%s", name, suggest(name, envNames(all))))
@@ -225,6 +245,12 @@ func Load(environ []string) (Config, error) {
 	}
 
 	return c, nil
+}
+
+// retired are settings of earlier builds, by file key, with what replaced them: a document
+// that still sets one is not wrong, the setting is ignored and the log says so once.
+var retired = map[string]struct{ env, why string }{
+	"fabricManager": {"FABRIC_MANAGER", "the fabric manager runs in the ext-nvidia-fabricmanager service, on NVSwitch boards only (docs/nvswitch.md)"},
 }
 
 // ServiceName is the extension service's name, the name of its ExtensionServiceConfig.

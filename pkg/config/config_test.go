@@ -133,3 +133,13 @@ func TestInvalidConfigurationStillSaysWhereToReport(t *testing.T) {
 		})
 	}
 }
+
+// TestRetiredSettingsAreIgnoredAndSaid: a document written for an earlier build still loads;
+// what it sets that this build no longer has is named, with what replaced it.
+func TestRetiredSettingsAreIgnoredAndSaid(t *testing.T) {
+	c, err := load(t, "version: v1alpha1\nfabricManager: false\n", "NVIDIA_DRIVER_FABRIC_MANAGER=false")
+	require.NoError(t, err)
+	require.Len(t, c.Ignored, 2)
+	assert.Contains(t, c.Ignored[0], ":2: fabricManager is ignored: the fabric manager runs in the ext-nvidia-fabricmanager service")
+	assert.Contains(t, c.Ignored[1], "environment: NVIDIA_DRIVER_FABRIC_MANAGER is ignored")
+}
