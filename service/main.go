@@ -189,14 +189,10 @@ func runService(stderr io.Writer) int {
 	return 0
 }
 
-// errDocumentArrived ends the service's context when its first document arrives.
-var errDocumentArrived = errors.New("the nvidia-driver ExtensionServiceConfig arrived")
-
 // documentPoll is how often a service started without its document looks for one: a stat.
 const documentPoll = 2 * time.Second
 
-// watchForFirstDocument returns a context that ends, with errDocumentArrived as its cause,
-// when the node gets an nvidia-driver document that this process started without. Talos does
+// watchForFirstDocument returns a context that ends when the node gets an nvidia-driver document that this process started without. Talos does
 // not restart a running service for its first document (handleRestart: spec version "1"),
 // so the service stops and exits 0, and `restart: always` starts it again in 5 s, when it
 // reads the document's files from Talos's directory (package document). Later changes of the
@@ -214,12 +210,12 @@ func watchForFirstDocument(ctx context.Context, log *slog.Logger, cfg config.Con
 
 	log.Info("watching for a first nvidia-driver ExtensionServiceConfig", "dir", string(docs))
 
-	ctx, cancel := context.WithCancelCause(ctx)
+	ctx, cancel := context.WithCancel(ctx)
 
 	go func() {
 		if docs.WaitForArrival(ctx, documentPoll) == nil {
 			log.Info("an nvidia-driver ExtensionServiceConfig arrived: stopping, so that Talos starts the service again with it (restart: always)")
-			cancel(errDocumentArrived)
+			cancel()
 		}
 	}()
 

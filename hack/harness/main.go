@@ -239,9 +239,9 @@ func printSummary(w io.Writer, r harness.Result) {
 	}
 
 	fmt.Fprintf(w, "service            %s (rootfs propagation %q, %d capabilities, seccomp: containerd's default profile)\n", r.Service, r.RootfsPropagates, r.CapabilityCount)
-	fmt.Fprintf(w, "depends met        %s\n", strings.Join(r.DependsMet, ", "))
-	if len(r.DependsUnmet) > 0 {
-		fmt.Fprintf(w, "depends unmet      %s (Talos would wait; the harness started it anyway)\n", strings.Join(r.DependsUnmet, ", "))
+	fmt.Fprintf(w, "up                 %v (what the boot waits for)\n", r.Up)
+	if r.Failed != "" {
+		fmt.Fprintf(w, "failed             %s\n", r.Failed)
 	}
 	fmt.Fprintf(w, "phase              %s: %s\n", r.Phase, r.Message)
 	fmt.Fprintf(w, "status after       %d ms\n", r.StartMillis)

@@ -13,7 +13,6 @@ import (
 	"time"
 
 	"github.com/moby/sys/mountinfo"
-	"github.com/siderolabs/talos/pkg/machinery/extensions/services"
 	"golang.org/x/sys/unix"
 
 	"github.com/talos-nvidia/nvidia-driver/pkg/extension"
@@ -67,8 +66,6 @@ type Result struct {
 	Phase            string         `json:"phase"`
 	Message          string         `json:"message"`
 	Status           map[string]any `json:"status,omitempty"`
-	DependsMet       []string       `json:"dependsMet,omitempty"`
-	DependsUnmet     []string       `json:"dependsUnmet,omitempty"`
 	ExitedByItself   bool           `json:"exitedByItself"`
 	ExitCode         int            `json:"exitCode"`
 	StopMillis       int64          `json:"stopMillis"`
@@ -193,7 +190,6 @@ func Run(o Options) (Result, error) {
 	}
 
 	res.Service = "ext-" + svc.Name
-	res.DependsMet, res.DependsUnmet = dependencies(svc)
 	res.HostRoot = hostRoot(o.Document)
 
 	// Talos's PreFunc: an overlay over the service's rootfs, so that runc can make its mount
@@ -638,25 +634,6 @@ func overlay(scratch, target string, lowers []string, writable bool) error {
 	}
 
 	return nil
-}
-
-// dependencies says which of the service's path dependencies hold on this host. Talos
-// would keep the service waiting on an unmet one; the harness reports it and runs the
-// service anyway, to exercise its own wait.
-func dependencies(svc services.Spec) (met, unmet []string) {
-	for _, d := range svc.Depends {
-		if d.Path == "" {
-			continue
-		}
-
-		if exists(d.Path) {
-			met = append(met, d.Path)
-		} else {
-			unmet = append(unmet, d.Path)
-		}
-	}
-
-	return met, unmet
 }
 
 func requirePrivateNamespace() error {

@@ -381,11 +381,13 @@ func TestBadConfigurationIsReportedAndChangesNothing(t *testing.T) {
 	}
 }
 
-// TestTalosCanRunTheServiceYAML: what machined does with the service YAML before the service
-// runs (harness talos.go, root.go). The shipped YAML is Up on a node without a GPU or a
-// document; each variant below brings back a defect the shipped one fixed (f0d7957 had all
-// three), and the harness must catch it, as Talos would.
-func TestTalosCanRunTheServiceYAML(t *testing.T) {
+// TestHarnessModelOfMachinedRunsTheServiceYAML: the harness's model of what machined does
+// with the service YAML before the service runs (talos.go, root.go, each behaviour from
+// Talos's source; real machined judges the same YAML in hack/talos-node, make talos-node and
+// talos-node-control). The shipped YAML is Up on a node without a GPU or a document; each
+// variant below brings back a defect the shipped one fixed (f0d7957 had all of them), and the
+// model must fail it as Talos fails it.
+func TestHarnessModelOfMachinedRunsTheServiceYAML(t *testing.T) {
 	shipped, err := os.ReadFile(filepath.Join(testutil.RepoRoot(t), "extension/nvidia-driver.yaml"))
 	require.NoError(t, err)
 

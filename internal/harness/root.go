@@ -84,15 +84,13 @@ func talosRoot(scratch string) error {
 		}
 	}
 
-	for _, d := range []string{"system"} {
-		p := filepath.Join(root, d)
-		if err := os.MkdirAll(p, 0o755); err != nil {
-			return err
-		}
+	system := filepath.Join(root, "system")
+	if err := os.MkdirAll(system, 0o755); err != nil {
+		return err
+	}
 
-		if err := unix.Mount("tmpfs", p, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV, "mode=0755"); err != nil {
-			return fmt.Errorf("mounting /%s: %w", d, err)
-		}
+	if err := unix.Mount("tmpfs", system, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV, "mode=0755"); err != nil {
+		return fmt.Errorf("mounting /system: %w", err)
 	}
 
 	old := filepath.Join(root, ".old-root")

@@ -13,12 +13,12 @@ import (
 	"github.com/talos-nvidia/nvidia-driver/pkg/extension"
 )
 
-// TestServiceYAMLsMountWhatTalosCanGive checks both services' mounts against what machined
+// TestServiceYAMLMountSources checks both services' mounts against what machined
 // does with them (services/extension.go Runner: os.MkdirAll(source) from its read-only /):
 // every source absolute; nothing of the host's /proc (through /proc/<pid>/root it opens the
 // whole host, /system/state included); every bind rslave but /run/nvidia, the one mount that
 // must propagate both ways (the driver root). f0d7957's YAML failed all three.
-func TestServiceYAMLsMountWhatTalosCanGive(t *testing.T) {
+func TestServiceYAMLMountSources(t *testing.T) {
 	top := testutil.RepoRoot(t)
 
 	for _, name := range []string{"nvidia-driver", "nvidia-fabricmanager"} {
