@@ -469,6 +469,8 @@ func TestMIGLayoutLabelsAndStableReadiness(t *testing.T) {
 	assert.Contains(t, o.NFDFile, "nvidia.com/mig.config=all-balanced")
 	assert.Contains(t, o.NFDFile, "nvidia.com/mig.config.state=success")
 	assert.Contains(t, o.NFDFile, "nvidia.com/gpu.product=NVIDIA-H200")
+	// MIG on: NVIDIA's device plugin cannot share MIG devices through MPS.
+	assert.Contains(t, o.NFDFile, "nvidia.com/mps.capable=false")
 	assert.Contains(t, o.ReadyFile, `"migLayout": "all-balanced"`)
 	assert.Contains(t, o.Log, "msg=setting key=migLayout from=env", "the log says what the configuration changed")
 	assert.Contains(t, o.Log, "readiness unchanged by the restart", "the second run must leave the readiness file as it was")
@@ -483,4 +485,17 @@ func readJSON(path string) (map[string]any, error) {
 	var m map[string]any
 
 	return m, json.Unmarshal(data, &m)
+}
+
+// Without MIG the node's GPUs can be shared through MPS: the label that NVIDIA's chart
+// schedules its MPS control daemon by is "true".
+func TestMPSCapableLabelWithoutMIG(t *testing.T) {
+	o := run(t, scenario{
+		Env:   map[string]string{"NVIDIA_DRIVER_SIMULATE": "h200:2", "NVIDIA_DRIVER_NFD_FEATURES_DIR": "/" + nfdDir},
+		Until: "ready",
+	})
+
+	require.Equal(t, "ready", o.Phase, o.Log)
+	assert.Contains(t, o.NFDFile, "nvidia.com/mps.capable=true\n")
+	assert.NotContains(t, o.NFDFile, "mig.config")
 }

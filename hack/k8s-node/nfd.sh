@@ -60,10 +60,11 @@ nfd_logs() {
 
 node_label() { jp node "$K8S_NODE" -o "jsonpath={.metadata.labels.nvidia\.com/$1}"; } # NAME, dots escaped
 
-# nfd_labels_are PRODUCT MIG-CONFIG MIG-STATE: the node's three labels from the feature file
-# ("" = absent).
+# nfd_labels_are PRODUCT MIG-CONFIG MIG-STATE [MPS-CAPABLE]: the node's labels from the feature
+# file ("" = absent; mps.capable is not compared when MPS-CAPABLE is left out).
 nfd_labels_are() {
-	[ "$(node_label gpu\\.product)|$(node_label mig\\.config)|$(node_label mig\\.config\\.state)" = "$1|$2|$3" ]
+	[ "$(node_label gpu\\.product)|$(node_label mig\\.config)|$(node_label mig\\.config\\.state)" = "$1|$2|$3" ] &&
+		{ [ $# -lt 4 ] || [ "$(node_label mps\\.capable)" = "$4" ]; }
 }
 
 # nvidia_labels: the node's nvidia.com labels, one a line.

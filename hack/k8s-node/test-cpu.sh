@@ -156,21 +156,21 @@ mount -t tmpfs -o mode=0755 k8s-node-nfd ${nfd_features_d%/*}
 mkdir -m 0700 $nfd_features_d
 nfd_deploy
 t0=$SECONDS
-"$K8S_NODE_IMAGES/nfd-features" $nfd_features_d all-balanced success "NVIDIA H200"
+"$K8S_NODE_IMAGES/nfd-features" $nfd_features_d all-balanced success "NVIDIA H200" false
 sed 's|^|  features.d/nvidia-driver: |' $nfd_features_d/nvidia-driver
 m=$(stat -c %a $nfd_features_d)
 check "the writer opened features.d (made 0700) to NFD's unprivileged worker (now $m)" test "$m" = 755
-if until_true 180 'nfd_labels_are NVIDIA-H200 all-balanced success'; then
-	pass "NFD labelled the node from the feature file within $((SECONDS - t0)) s of the pods' creation (nvidia.com/gpu.product=NVIDIA-H200, mig.config=all-balanced, mig.config.state=success)"
+if until_true 180 'nfd_labels_are NVIDIA-H200 all-balanced success false'; then
+	pass "NFD labelled the node from the feature file within $((SECONDS - t0)) s of the pods' creation (nvidia.com/gpu.product=NVIDIA-H200, mig.config=all-balanced, mig.config.state=success, mps.capable=false)"
 else
 	failed "NFD did not label the node from the feature file; the node's nvidia.com labels: $(nvidia_labels | tr "\n" " ")"
 	nfd_logs
 fi
 # The service replaces the file whole: a new product, and no MIG layout any more.
 t0=$SECONDS
-"$K8S_NODE_IMAGES/nfd-features" $nfd_features_d "" "" "NVIDIA A100-SXM4-80GB"
-if until_true 60 'nfd_labels_are NVIDIA-A100-SXM4-80GB "" ""'; then
-	pass "a changed feature file changed the label and removed the mig labels it no longer has, within $((SECONDS - t0)) s"
+"$K8S_NODE_IMAGES/nfd-features" $nfd_features_d "" "" "NVIDIA A100-SXM4-80GB" true
+if until_true 60 'nfd_labels_are NVIDIA-A100-SXM4-80GB "" "" true'; then
+	pass "a changed feature file changed the labels (mps.capable=true without MIG) and removed the mig labels it no longer has, within $((SECONDS - t0)) s"
 else
 	failed "the node's labels after the feature file changed: $(nvidia_labels | tr "\n" " ")"
 	nfd_logs

@@ -217,13 +217,13 @@ if [[ -f $f ]]; then
 	sed 's|^|  features.d/nvidia-driver: |' "$f"
 	cp "$f" "$logs/nfd-features-nvidia-driver"
 	echo "  features.d: mode $(stat -c %a "$nfd_features_d"), file mode $(stat -c %a "$f")"
-	check "the service wrote nvidia.com/gpu.product=NVIDIA-H200 from NVML into $f, and no mig label (MIG off)" \
-		test "$(grep -v '^#' "$f")" = nvidia.com/gpu.product=NVIDIA-H200
+	check "the service wrote nvidia.com/gpu.product=NVIDIA-H200 and nvidia.com/mps.capable=true from NVML into $f, and no mig label (MIG off)" \
+		test "$(grep -v '^#' "$f" | tr '\n' ' ')" = "nvidia.com/gpu.product=NVIDIA-H200 nvidia.com/mps.capable=true "
 else
 	failed "the service wrote no feature file at $f"
 fi
-if until_true 120 'nfd_labels_are NVIDIA-H200 "" ""'; then
-	pass "NFD put nvidia.com/gpu.product=NVIDIA-H200 on the Node from the service's file, no mig.config or mig.config.state (checked $((SECONDS - t_nfd)) s after NFD's apply)"
+if until_true 120 'nfd_labels_are NVIDIA-H200 "" "" true'; then
+	pass "NFD put nvidia.com/gpu.product=NVIDIA-H200 and mps.capable=true on the Node from the service's file, no mig.config or mig.config.state (checked $((SECONDS - t_nfd)) s after NFD's apply)"
 else
 	failed "NFD did not label the node from the service's file; its nvidia.com labels: $(nvidia_labels | tr "\n" " ")"
 	nfd_logs

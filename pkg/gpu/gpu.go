@@ -71,6 +71,26 @@ type MIGDevice struct {
 // MigCapable says whether NVML reports a MIG mode for the GPU.
 func (g GPU) MigCapable() bool { return g.MIG != "" }
 
+// MIGOn says whether the GPU is in MIG mode now ("enabled", or "enabled (pending
+// disable)" until the reset that finishes the change).
+func (g GPU) MIGOn() bool { return strings.HasPrefix(g.MIG, "enabled") }
+
+// MPSCapable says whether NVIDIA's device plugin can share these GPUs through MPS: there
+// is at least one, and none is in MIG mode. The plugin refuses MPS on MIG devices
+// ("sharing using MPS is not supported for MIG devices", k8s-device-plugin v0.19.0
+// internal/plugin/mps.go getMPSOptions), and GPU feature discovery calls a node with a
+// MIG-enabled GPU not MPS-capable (internal/lm/nvml.go isMPSCapable). Every GPU that the
+// driver branches shipped here drive has the compute capability MPS needs (3.5 or later).
+func MPSCapable(gpus []GPU) bool {
+	for _, g := range gpus {
+		if g.MIGOn() {
+			return false
+		}
+	}
+
+	return len(gpus) > 0
+}
+
 // List returns the GPUs NVML sees. NVML must be initialized.
 func List(lib nvml.Interface) ([]GPU, error) {
 	n, ret := lib.DeviceGetCount()
@@ -132,7 +152,7 @@ func Describe(i int, d nvml.Device) (GPU, error) {
 		return g, fmt.Errorf("reading MIG mode: %w", ret)
 	}
 
-	if strings.HasPrefix(g.MIG, "enabled") {
+	if g.MIGOn() {
 		var err error
 		if g.MIGDevices, err = migDevices(d); err != nil {
 			return g, err

@@ -18,6 +18,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"sort"
+	"strconv"
 	"strings"
 )
 
@@ -38,6 +39,11 @@ const (
 	LabelMIGConfig      = "nvidia.com/mig.config"
 	LabelMIGConfigState = "nvidia.com/mig.config.state"
 	LabelGPUProduct     = "nvidia.com/gpu.product"
+	// LabelMPSCapable is the label NVIDIA's chart schedules its MPS control daemon by
+	// (deployments/helm/nvidia-device-plugin/templates/daemonset-mps-control-daemon.yml,
+	// nodeSelector). GPU feature discovery would set it (internal/lm/nvml.go
+	// newSharingLabeler); on Talos nothing runs GFD (docs/driver-root.md), so the service does.
+	LabelMPSCapable = "nvidia.com/mps.capable"
 )
 
 // maxFileSize is NFD's limit for one feature file (larger files are skipped whole).
@@ -207,5 +213,13 @@ func MIGLabels(layout, state, product string) map[string]string {
 	if v := SanitizeValue(product); v != "" {
 		labels[LabelGPUProduct] = v
 	}
+	return labels
+}
+
+// WithMPSCapable adds nvidia.com/mps.capable to labels: "true" where every GPU of the node
+// can be shared through MPS (gpu.MPSCapable), "false" otherwise, so that a node whose
+// layout turns MIG on loses the label and the MPS control daemon with it.
+func WithMPSCapable(labels map[string]string, capable bool) map[string]string {
+	labels[LabelMPSCapable] = strconv.FormatBool(capable)
 	return labels
 }

@@ -44,7 +44,7 @@ func nfdLabels(t *testing.T, dir string) map[string]string {
 
 func TestWriteContent(t *testing.T) {
 	dir := filepath.Join(t.TempDir(), "features.d") // created by Write
-	labels := nfd.MIGLabels("all-balanced", "success", "NVIDIA H200")
+	labels := nfd.WithMPSCapable(nfd.MIGLabels("all-balanced", "success", "NVIDIA H200"), false)
 	require.NoError(t, nfd.Write(dir, labels))
 
 	data, err := os.ReadFile(filepath.Join(dir, nfd.DefaultName))
@@ -52,11 +52,13 @@ func TestWriteContent(t *testing.T) {
 	assert.Equal(t, "# Written by the nvidia-driver extension service (ext-nvidia-driver); replaced whole on every change.\n"+
 		"nvidia.com/gpu.product=NVIDIA-H200\n"+
 		"nvidia.com/mig.config=all-balanced\n"+
-		"nvidia.com/mig.config.state=success\n", string(data))
+		"nvidia.com/mig.config.state=success\n"+
+		"nvidia.com/mps.capable=false\n", string(data))
 	assert.Equal(t, map[string]string{
 		"nvidia.com/gpu.product":      "NVIDIA-H200",
 		"nvidia.com/mig.config":       "all-balanced",
 		"nvidia.com/mig.config.state": "success",
+		"nvidia.com/mps.capable":      "false",
 	}, nfdLabels(t, dir))
 
 	st, err := os.Stat(filepath.Join(dir, nfd.DefaultName))

@@ -665,7 +665,8 @@ func migDetail(results []mig.Status) string {
 }
 
 // labelNode writes the Node Feature Discovery feature file, when configured: the MIG
-// layout, its state and the GPU product, for clusters that run NFD.
+// layout, its state, the GPU product and whether MPS can share the GPUs, for clusters that
+// run NFD.
 func (r *Runner) labelNode(state string) {
 	if r.cfg.NFDFeaturesDir == "" {
 		return
@@ -677,13 +678,19 @@ func (r *Runner) labelNode(state string) {
 	}
 
 	product := ""
-	if gpus := r.status.get().GPUs; len(gpus) > 0 {
+	gpus := r.status.get().GPUs
+	if len(gpus) > 0 {
 		product = gpus[0].Name
+	}
+
+	labels := nfd.MIGLabels(layout, state, product)
+	if len(gpus) > 0 {
+		labels = nfd.WithMPSCapable(labels, gpu.MPSCapable(gpus))
 	}
 
 	w, err := nfd.NewWriter(r.cfg.Host(r.cfg.NFDFeaturesDir), nfd.DefaultName)
 	if err == nil {
-		err = w.Write(nfd.MIGLabels(layout, state, product))
+		err = w.Write(labels)
 	}
 
 	if err != nil {
