@@ -12,7 +12,7 @@ deploy-tools:
 # (from deploy/device-plugin/values.yaml), the PrometheusRule (from
 # deploy/monitoring/gpu.rules.yaml) and the Grafana dashboards.
 deploy-render: deploy-tools
-	go test ./deploy -count=1 -run 'TestDevicePluginRenderedChartIsCurrent|TestPrometheusRuleMatchesRulesFile' -update
+	go test ./deploy -count=1 -run 'TestDevicePluginRenderedChartIsCurrent|TestPrometheusRuleMatchesRulesFile|TestSharingComponentsAreCurrent' -update
 	go run ./hack/gen-dashboards -out deploy/monitoring/dashboards
 
 # promtool on the rules and their unit tests, kustomize on every manifest set.

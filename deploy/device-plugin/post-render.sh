@@ -11,7 +11,7 @@ here=$(cd "$(dirname "$0")" && pwd)
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 cat >"$tmp/nvidia-device-plugin.rendered.yaml"
-cp "$here/kustomization.yaml" "$here"/patch-*.yaml "$tmp/"
+cp -r "$here/kustomization.yaml" "$here"/patch-*.yaml "$here/scripts" "$tmp/"
 if [ -n "${KUSTOMIZE:-}" ]; then
 	"$KUSTOMIZE" build "$tmp"
 else

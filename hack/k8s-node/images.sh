@@ -4,8 +4,8 @@
 #   pause.tar          registry.k8s.io/pause:3.10.1 (containerd 2.2's default sandbox image):
 #                      Kubernetes' own pause.c (k8s.io/kubernetes build/pause/linux), static
 #   device-plugin.tar  nvcr.io/nvidia/k8s-device-plugin:v0.19.0, laid out as NVIDIA's image
-#                      (deployments/container/Dockerfile in the plugin's module): the plugin
-#                      and config-manager in /usr/bin, on a distroless glibc base with busybox
+#                      (deployments/container/Dockerfile in the plugin's module): the plugin,
+#                      config-manager and mps-control-daemon in /usr/bin, on a distroless glibc base with busybox
 #                      at /busybox and /bin/sh -> /busybox/sh, NVIDIA's environment
 #   validator.tar      talos-nvidia/gpu-operator-validator:test: the GPU Operator's
 #                      nvidia-validator (hack/k8s-node/validator/go.mod, CGO off as its Makefile
@@ -108,7 +108,7 @@ pkg=github.com/NVIDIA/k8s-device-plugin
 ver=$(cd "$here/plugin" && go list -m -f '{{.Version}}' $pkg)
 (cd "$here/plugin" && CGO_ENABLED=1 go build -trimpath -o "$R/device-plugin/usr/bin/" -ldflags "-s -w \
 	'-extldflags=-Wl,--export-dynamic -Wl,--unresolved-symbols=ignore-in-object-files' \
-	-X $pkg/internal/info.version=$ver" $pkg/cmd/nvidia-device-plugin $pkg/cmd/config-manager)
+	-X $pkg/internal/info.version=$ver" $pkg/cmd/nvidia-device-plugin $pkg/cmd/config-manager $pkg/cmd/mps-control-daemon)
 mkdir -p "$R/device-plugin/licenses"
 cp "$(cd "$here/plugin" && go list -m -f '{{.Dir}}' $pkg)/LICENSE" "$R/device-plugin/licenses/"
 flags device-plugin -ref "nvcr.io/nvidia/k8s-device-plugin:$ver" -entrypoint nvidia-device-plugin \

@@ -176,4 +176,49 @@ else
 	nfd_logs
 fi
 nvidia_labels | sed 's/^/  /'
+
+# --- GPU sharing (docs/sharing.md): deploy/sharing over deploy/, configurations chosen by label
+out=$(kubectl apply -k "$top/deploy/sharing" --server-side --dry-run=server 2>&1)
+rc=$?
+echo "$out" | sed 's/^/  /'
+check "kubectl apply -k deploy/sharing --server-side --dry-run=server" test $rc = 0
+kubectl apply -k "$top/deploy/sharing" --server-side >/dev/null || failed "kubectl apply -k deploy/sharing --server-side"
+kubectl label node "$K8S_NODE" nvidia.com/device-plugin.config=time-slicing-4 --overwrite >/dev/null
+# The chart's config-manager sidecar follows the label and restarts the plugin on the new
+# configuration (the ConfigMap's new entries reach its volume within the kubelet's sync).
+# ($pod is still the plugin's: the chart gives the MPS control daemon's pods the same labels.)
+sidecar_logs() { kubectl -n $ns logs "$pod" -c nvidia-device-plugin-sidecar 2>&1; }
+if until_true 150 '[[ $(sidecar_logs) == *"Successfully updated to config: time-slicing-4"* ]]'; then
+	pass "the label nvidia.com/device-plugin.config=time-slicing-4 reached the plugin through the config-manager sidecar"
+else
+	failed "the config-manager sidecar did not switch to time-slicing-4"
+	kubectl -n $ns logs "$pod" -c nvidia-device-plugin-sidecar --tail=10 | sed 's/^/  sidecar: /'
+fi
+out=$(kubectl -n $ns logs "$pod" -c check-sharing 2>&1)
+echo "$out" | sed 's/^/  /'
+check "check-sharing passed for the plugin's first configuration (no GPU in MIG mode)" \
+	test "${out#check-sharing: sharing none, migStrategy none; 0 GPU}" != "$out"
+# The MPS control daemon schedules by the service's mps.capable label (true since the feature
+# file's last change) and, without a driver here, stops with the reason.
+mps_pod() { jp -n $ns pod -o name | grep mps-control-daemon; }
+mps_logs() { kubectl -n $ns logs "$(mps_pod)" -c mps-control-daemon-ctr 2>&1; kubectl -n $ns logs "$(mps_pod)" -c mps-control-daemon-ctr --previous 2>/dev/null; }
+if until_true 120 '[[ $(mps_logs) == *"nvidia-cuda-mps-control is missing"* ]]'; then
+	pass "the MPS control daemon scheduled on the node labelled nvidia.com/mps.capable=true and, without a driver root, said what is missing"
+else
+	failed "the MPS control daemon on the mps.capable node: $(mps_pod) $(mps_logs | tail -3)"
+	kubectl -n $ns describe "$(mps_pod)" 2>&1 | tail -15
+fi
+# A conflict: MPS chosen while the service reports a GPU in MIG mode. driver-watch exits with
+# the reason (and restarts while it lasts).
+kubectl label node "$K8S_NODE" nvidia.com/device-plugin.config=mps-2 --overwrite >/dev/null
+until_true 150 '[[ $(sidecar_logs) == *"Successfully updated to config: mps-2"* ]]'
+printf '{\n  "driverVersion": "0",\n  "gpus": [\n    {"index": 0, "uuid": "GPU-0", "name": "NVIDIA H200", "mig": "enabled"}\n  ],\n  "migLayout": "all-balanced"\n}\n' >$ready_dir/nvidia-driver.ready.tmp
+mv $ready_dir/nvidia-driver.ready.tmp $ready_dir/nvidia-driver.ready
+watch_logs() { kubectl -n $ns logs "$pod" -c driver-watch 2>&1; kubectl -n $ns logs "$pod" -c driver-watch --previous 2>/dev/null; }
+if until_true 90 '[[ $(watch_logs) == *"CONFLICT: this node"?"s device plugin configuration shares GPUs through MPS"* ]]'; then
+	pass "driver-watch reported the conflict of mps-2 with a GPU in MIG mode (layout all-balanced)"
+	watch_logs | grep -m1 -A2 CONFLICT | sed 's/^/  driver-watch: /'
+else
+	failed "no conflict reported for mps-2 with MIG on: $(watch_logs | tail -3)"
+fi
 exit $fail
