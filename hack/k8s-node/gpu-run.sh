@@ -7,12 +7,16 @@
 #   2. the service run as Talos runs it (hack/harness), with its NFD feature file on
 #      (NVIDIA_DRIVER_NFD_FEATURES_DIR, docs/kubernetes.md "Labels from the host"), and while
 #      it is ready
-#   3. a one-node cluster (cluster.sh -gpu) running test-gpu.sh.
+#   3. a one-node cluster (cluster.sh -gpu) running TEST (default hack/k8s-node/test-gpu.sh;
+#      hack/k8s-node/gpu-sharing.sh runs test-sharing.sh).
 # Output goes to $OUT (default /tmp/k8s-node-out): gpu-run.log and k8s-logs.tar.xz (the
 # components' logs and the test's results).
+#
+#   hack/k8s-node/gpu-run.sh [TEST]
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 top=$PWD
+test=$(realpath "${1:-hack/k8s-node/test-gpu.sh}")
 out=${OUT:-/tmp/k8s-node-out}
 mkdir -p "$out"
 logs=$(mktemp -d /tmp/k8s-node-logs.XXXXXX)
@@ -35,7 +39,7 @@ run() {
 		_out/bin/harness -extension _out/extensions/nvidia-driver-dev-host \
 		-env NVIDIA_DRIVER_PERSISTENCE_MODE=false -env NVIDIA_DRIVER_NFD_FEATURES_DIR=$nfd_dir/features.d \
 		-until ready,failed -wait 120s -runc "$top/_out/k8s-node/bin/runc" \
-		-after-ready "K8S_NODE_RESULTS=$logs/results $top/hack/k8s-node/cluster.sh -gpu -logs $logs/components -- $top/hack/k8s-node/test-gpu.sh"
+		-after-ready "K8S_NODE_RESULTS=$logs/results $top/hack/k8s-node/cluster.sh -gpu -logs $logs/components -- $test"
 	local rc=$?
 	[[ -z $made ]] || rmdir $made
 	return $rc

@@ -78,57 +78,11 @@ else
 	failed "the plugin wrote no spec at $spec"
 fi
 
-# --- the workload image: vecadd built with the host's nvcc, with the host libraries it needs
-nvcc=$(command -v nvcc || ls /usr/local/cuda/bin/nvcc 2>/dev/null)
+# --- the workload image: vecadd (and memlimit) built with the host's nvcc
 img=talos-nvidia/k8s-node-cuda:test
-if [[ -z $nvcc ]]; then
-	failed "no nvcc on this host"
-else
-	r=$K8S_NODE_DIR/workload-rootfs
-	mkdir -p "$r/usr/bin" "$r/busybox" "$r/bin" "$r/etc" "$r/tmp"
-	"$nvcc" -O2 -arch=sm_90 -o "$r/usr/bin/vecadd" "$here/workload/vecadd.cu" 2>"$logs/nvcc.log" ||
-		failed "nvcc: $(tail -3 "$logs/nvcc.log")"
-	# The program's libraries as the host resolves them, at the same paths.
-	# The program's libraries as the host resolves them, at the same paths, and the rest of
-	# glibc that NVIDIA's programs (nvidia-smi from the spec) need.
-	for l in $(ldd "$r/usr/bin/vecadd" | grep -o '/[^ ]*'); do
-		mkdir -p "$r$(dirname "$l")" && cp -L "$l" "$r$l"
-	done
-	libc=$(ldd "$r/usr/bin/vecadd" | grep -o '/[^ ]*/libc\.so\.6')
-	for l in libpthread.so.0 libdl.so.2 librt.so.1 libm.so.6; do
-		[[ -e $(dirname "$libc")/$l ]] && cp -L "$(dirname "$libc")/$l" "$r$(dirname "$libc")/"
-	done
-	cp "$K8S_NODE_IMAGES/busybox" "$r/busybox/busybox"
-	for a in $("$r/busybox/busybox" --list); do [[ $a == busybox ]] || ln -sf busybox "$r/busybox/$a"; done
-	ln -sf /busybox/sh "$r/bin/sh"
-	"$K8S_NODE_IMAGES/image" -rootfs "$r" -ref "$img" -out "$K8S_NODE_DIR/cuda.tar" \
-		-env PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin:/busybox >/dev/null &&
-		ctr -n k8s.io images import "$K8S_NODE_DIR/cuda.tar" >/dev/null || failed "building the workload image"
-fi
+. "$here/workload.sh"
+workload_image "$img" || failed "building the workload image"
 
-pod() { # NAME GPUS COMMAND: a pod of the workload image, tolerating the GPU node's taint
-	local res=""
-	[[ $2 -gt 0 ]] && res="resources: {limits: {nvidia.com/gpu: $2}}"
-	# (The test pods run as root: Talos warns about, but allows, what "restricted" would refuse.)
-	kubectl apply -f - 2>&1 >/dev/null <<EOF | grep -v '^Warning: would violate PodSecurity'
-apiVersion: v1
-kind: Pod
-metadata: {name: $1, labels: {k8s-node-test: $1}}
-spec:
-  restartPolicy: Never
-  tolerations: [{key: nvidia.com/gpu, operator: Exists, effect: NoSchedule}]
-  containers:
-  - name: work
-    image: $img
-    imagePullPolicy: Never
-    command: ["/bin/sh", "-c", "$3"]
-    $res
-EOF
-}
-watch_phases() { # NAME: time-stamped phase changes into $K8S_NODE_DIR/NAME.phases
-	kubectl get pods -l k8s-node-test="$1" -w --no-headers -o custom-columns=P:.status.phase 2>/dev/null |
-		while read -r p; do echo "$(date +%s.%N) $p"; done >"$K8S_NODE_DIR/$1.phases" &
-}
 phase() { jp pod "$1" -o 'jsonpath={.status.phase}'; }
 # state POD: the phase, or the reason its container waits when that is an error.
 state() {
@@ -140,9 +94,6 @@ done_or_failed() { case $(state "$1") in Succeeded | Failed | *Err* | *BackOff*)
 explain() { # POD: why it is not where the test wanted it
 	echo "  $1: $(state "$1")"
 	kubectl describe pod "$1" | sed -n '/^Events:/,$p' | tail -8 | sed 's/^/    /'
-}
-start_seconds() { # NAME: created -> first Running, from the watch (seconds, ms precision)
-	awk 'NR==1{t0=$1} $2=="Running"&&!r{r=$1} END{if(r) printf "%.3f", r-t0; else print "none"}' "$K8S_NODE_DIR/$1.phases"
 }
 
 work='nvidia-smi -L && vecadd'
