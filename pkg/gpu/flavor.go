@@ -47,6 +47,9 @@ type PCIGPU struct {
 	Address string // 0000:17:00.0
 	ID      string // vendor:device, 10de:2901
 	Driver  string // the driver bound to it, "" if none
+	// Resettable: the kernel offers a reset of the function (sysfs reset), which mig-parted
+	// requires before it resets GPUs (deployments/systemd/utils.sh assert_gpu_reset_available).
+	Resettable bool
 }
 
 // PCIGPUs lists the NVIDIA GPUs in /sys/bus/pci/devices under hostRoot: vendor 0x10de,
@@ -85,6 +88,10 @@ func PCIGPUs(hostRoot string) ([]PCIGPU, error) {
 		g := PCIGPU{Address: e.Name(), ID: "10de:" + strings.TrimPrefix(read("device"), "0x")}
 		if target, err := os.Readlink(filepath.Join(dir, e.Name(), "driver")); err == nil {
 			g.Driver = filepath.Base(target)
+		}
+
+		if _, err := os.Stat(filepath.Join(dir, e.Name(), "reset")); err == nil {
+			g.Resettable = true
 		}
 
 		gpus = append(gpus, g)
