@@ -209,3 +209,18 @@ func MIGLabels(layout, state, product string) map[string]string {
 	}
 	return labels
 }
+
+// PausedForMIGChange is the value of the GPU Operator's nvidia.com/gpu.deploy.<operand>
+// labels that takes an operand's pod off a node while its MIG layout changes (the
+// operator's mig-manager sets it: mig-parted deployments/container/reconfigure-mig.sh);
+// the DaemonSets of deploy/ honour it.
+const PausedForMIGChange = "paused-for-mig-change"
+
+// PauseLabels are the labels that pause the operands deploy/ runs, the device plugin and the
+// DCGM exporter, for a MIG change.
+func PauseLabels() map[string]string {
+	return map[string]string{
+		"nvidia.com/gpu.deploy.device-plugin": PausedForMIGChange,
+		"nvidia.com/gpu.deploy.dcgm-exporter": PausedForMIGChange,
+	}
+}

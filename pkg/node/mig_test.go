@@ -94,6 +94,16 @@ func (m *migNode) calls() (map[int]int, bool) {
 // from the machine's own /proc/driver/nvidia-caps, which this host lacks (the demo mounts a
 // simulated one in its private mount namespace).
 func (m *migNode) run(layout string, cdi bool) (node.Status, string) {
+	m.t.Helper()
+
+	r, logs := m.runner(layout, cdi)
+
+	// Held a while longer: a retry loop would show as more calls and more log lines.
+	return runUntilSettled(m.t, r, logs, 20*time.Second, 100*time.Millisecond)
+}
+
+// runner makes the service's runner for a layout on this node, and the buffer it logs to.
+func (m *migNode) runner(layout string, cdi bool) (*node.Runner, *testutil.SyncBuffer) {
 	t := m.t
 	t.Helper()
 
@@ -123,14 +133,12 @@ func (m *migNode) run(layout string, cdi bool) (node.Status, string) {
 	}
 	require.NoError(t, writeProc())
 
-	var logs strings.Builder
+	logs := &testutil.SyncBuffer{}
 
-	log := slog.New(slog.NewTextHandler(&logs, nil))
+	log := slog.New(slog.NewTextHandler(logs, nil))
 	jobs := &nvmljobs.Local{Log: log, NVML: m.gpus, Resetter: m.gpus, AfterMIGChange: writeProc}
-	r := node.New(log, cfg, jobs, node.WithBackoff(node.Backoff{Initial: 10 * time.Millisecond, Max: 20 * time.Millisecond}))
 
-	// Held a while longer: a retry loop would show as more calls and more log lines.
-	return runUntilSettled(t, r, &logs, 20*time.Second, 100*time.Millisecond)
+	return node.New(log, cfg, jobs, node.WithBackoff(node.Backoff{Initial: 10 * time.Millisecond, Max: 20 * time.Millisecond})), logs
 }
 
 // cdiDevices lists the devices of the node's CDI spec, as containerd's CDI library reads it.
