@@ -100,6 +100,26 @@ func PCIGPUs(hostRoot string) ([]PCIGPU, error) {
 	return gpus, nil
 }
 
+// Unresettable lists the NVIDIA GPUs under hostRoot that the kernel offers no reset for (no
+// sysfs reset file), by PCI address: mig-parted resets no GPU then
+// (deployments/systemd/utils.sh assert_gpu_reset_available).
+func Unresettable(hostRoot string) ([]string, error) {
+	pci, err := PCIGPUs(hostRoot)
+	if err != nil {
+		return nil, err
+	}
+
+	var out []string
+
+	for _, p := range pci {
+		if !p.Resettable {
+			out = append(out, p.Address)
+		}
+	}
+
+	return out, nil
+}
+
 // UndrivenError says that the loaded kernel module drives none of the node's NVIDIA GPUs
 // because they need the other flavor: the proprietary module refuses GPUs that need the
 // open one (Blackwell and later: B200, GB200, RTX PRO 6000 Blackwell), the open module

@@ -185,27 +185,18 @@ func (l *Local) ApplyMIG(ctx context.Context, req MIGRequest, changing func()) (
 	return res, err
 }
 
-// noReset says which GPUs the kernel cannot reset (no sysfs reset: mig-parted's
-// assert_gpu_reset_available), "" when it can reset them all.
+// noReset says which GPUs the kernel cannot reset, "" when it can reset them all.
 func noReset(hostRoot string) string {
-	pci, err := gpu.PCIGPUs(hostRoot)
-	if err != nil {
+	missing, err := gpu.Unresettable(hostRoot)
+
+	switch {
+	case err != nil:
 		return fmt.Sprintf("the GPUs' PCI functions cannot be read (%v)", err)
+	case len(missing) > 0:
+		return fmt.Sprintf("the kernel offers no reset of GPU %s (no sysfs reset)", strings.Join(missing, ", "))
 	}
 
-	var missing []string
-
-	for _, p := range pci {
-		if !p.Resettable {
-			missing = append(missing, p.Address)
-		}
-	}
-
-	if len(missing) == 0 {
-		return ""
-	}
-
-	return fmt.Sprintf("the kernel offers no reset of GPU %s (no sysfs reset)", strings.Join(missing, ", "))
+	return ""
 }
 
 // WriteCDI generates the spec and writes it.
