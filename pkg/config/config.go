@@ -65,6 +65,16 @@ type Config struct {
 
 	NFDFeaturesDir string // a host path; empty: off
 
+	// MIGPause: a layout left pending by GPU holders outside the service asks for the
+	// operands' pause through the NFD feature file (nvidia.com/gpu.deploy.<operand>=
+	// paused-for-mig-change), retries until the GPUs are free, and lifts the pause. Needs
+	// NFDFeaturesDir.
+	MIGPause bool
+	// MIGRetry bounds the retries of a pending layout (and so the pause); MIGRetryInterval is
+	// the time between two tries.
+	MIGRetry         time.Duration
+	MIGRetryInterval time.Duration
+
 	// Ignored says, for each setting given that this build no longer has, why it has none.
 	Ignored []string
 
@@ -113,6 +123,9 @@ func settings() []setting {
 		{"migConfig", "MIG_CONFIG", "/etc/nvidia-driver/mig.yaml", "MIG layouts file (mig-parted v1 format)", absPath(func(c *Config) *string { return &c.MIGConfig })},
 		{"migLayout", "MIG_LAYOUT", "", "the MIG layout to apply; empty leaves MIG as it is", text(func(c *Config) *string { return &c.MIGLayout })},
 		{"nfdFeaturesDir", "NFD_FEATURES_DIR", "", "write Node Feature Discovery labels there; empty is off", optionalAbsPath(func(c *Config) *string { return &c.NFDFeaturesDir })},
+		{"migPause", "MIG_PAUSE", "true", "pause the device plugin and DCGM exporter through NFD labels while a pending MIG layout waits for its GPUs", boolean(func(c *Config) *bool { return &c.MIGPause })},
+		{"migRetry", "MIG_RETRY", "10m", "how long a MIG layout left pending by GPU holders is retried (and the operands kept paused)", duration(func(c *Config) *time.Duration { return &c.MIGRetry })},
+		{"migRetryInterval", "MIG_RETRY_INTERVAL", "10s", "the time between two tries of a pending MIG layout", duration(func(c *Config) *time.Duration { return &c.MIGRetryInterval })},
 	}
 }
 

@@ -47,6 +47,9 @@ type PCIGPU struct {
 	Address string // 0000:17:00.0
 	ID      string // vendor:device, 10de:2901
 	Driver  string // the driver bound to it, "" if none
+	// Resettable: the kernel offers a reset of the function (sysfs reset), which mig-parted
+	// requires before it resets GPUs (deployments/systemd/utils.sh assert_gpu_reset_available).
+	Resettable bool
 }
 
 // PCIGPUs lists the NVIDIA GPUs in /sys/bus/pci/devices under hostRoot: vendor 0x10de,
@@ -87,10 +90,34 @@ func PCIGPUs(hostRoot string) ([]PCIGPU, error) {
 			g.Driver = filepath.Base(target)
 		}
 
+		if _, err := os.Stat(filepath.Join(dir, e.Name(), "reset")); err == nil {
+			g.Resettable = true
+		}
+
 		gpus = append(gpus, g)
 	}
 
 	return gpus, nil
+}
+
+// Unresettable lists the NVIDIA GPUs under hostRoot that the kernel offers no reset for (no
+// sysfs reset file), by PCI address: mig-parted resets no GPU then
+// (deployments/systemd/utils.sh assert_gpu_reset_available).
+func Unresettable(hostRoot string) ([]string, error) {
+	pci, err := PCIGPUs(hostRoot)
+	if err != nil {
+		return nil, err
+	}
+
+	var out []string
+
+	for _, p := range pci {
+		if !p.Resettable {
+			out = append(out, p.Address)
+		}
+	}
+
+	return out, nil
 }
 
 // UndrivenError says that the loaded kernel module drives none of the node's NVIDIA GPUs

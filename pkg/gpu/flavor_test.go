@@ -87,6 +87,40 @@ func TestCheckDriven(t *testing.T) {
 	}
 }
 
+// TestUnresettable: a GPU whose PCI function has no sysfs reset is named; NVSwitches and
+// other vendors' devices are not GPUs here.
+func TestUnresettable(t *testing.T) {
+	root := t.TempDir()
+
+	for _, d := range []struct {
+		addr, vendor, class string
+		reset               bool
+	}{
+		{"0000:07:00.0", "0x10de", "0x030200", true},
+		{"0000:0f:00.0", "0x10de", "0x030200", false},
+		{"0000:c1:00.0", "0x10de", "0x068000", false},
+		{"0000:03:00.0", "0x1002", "0x030200", false},
+	} {
+		dir := filepath.Join(root, "sys/bus/pci/devices", d.addr)
+		require.NoError(t, os.MkdirAll(dir, 0o755))
+		require.NoError(t, os.WriteFile(filepath.Join(dir, "vendor"), []byte(d.vendor+"\n"), 0o644))
+		require.NoError(t, os.WriteFile(filepath.Join(dir, "class"), []byte(d.class+"\n"), 0o644))
+		require.NoError(t, os.WriteFile(filepath.Join(dir, "device"), []byte("0x20b2\n"), 0o644))
+
+		if d.reset {
+			require.NoError(t, os.WriteFile(filepath.Join(dir, "reset"), nil, 0o200))
+		}
+	}
+
+	got, err := gpu.Unresettable(root)
+	require.NoError(t, err)
+	assert.Equal(t, []string{"0000:0f:00.0"}, got)
+
+	got, err = gpu.Unresettable(t.TempDir())
+	require.NoError(t, err)
+	assert.Empty(t, got, "no PCI devices: nothing to say")
+}
+
 func TestLoadedFlavor(t *testing.T) {
 	root := t.TempDir()
 	p := filepath.Join(root, "proc/driver/nvidia/version")

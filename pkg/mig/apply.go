@@ -26,6 +26,12 @@ type Resetter interface {
 	ResetGPU(ctx context.Context, index int) error
 }
 
+// BoardResetter resets several GPUs in one go, by PCI bus id: the only reset an NVSwitch
+// board allows.
+type BoardResetter interface {
+	ResetGPUs(ctx context.Context, busIDs []string) error
+}
+
 // ChangeHook runs after GPUs changed (the service recreates device nodes and
 // regenerates the CDI spec there). It gets the indices of the changed GPUs.
 type ChangeHook func(ctx context.Context, changed []int) error
@@ -36,16 +42,29 @@ type NvidiaSMIResetter struct {
 	Root string // the glibc subroot, e.g. /usr/local/glibc
 }
 
-var _ Resetter = NvidiaSMIResetter{}
+var (
+	_ Resetter      = NvidiaSMIResetter{}
+	_ BoardResetter = NvidiaSMIResetter{}
+)
 
 // ResetGPU runs `nvidia-smi -r -i N` through the subroot's loader.
 func (r NvidiaSMIResetter) ResetGPU(ctx context.Context, index int) error {
+	return r.reset(ctx, fmt.Sprint(index))
+}
+
+// ResetGPUs runs `nvidia-smi -r -i A,B,...` with every bus id at once, as mig-parted resets
+// all GPUs (cmd/nvidia-mig-parted/util/device.go nvmlResetAllGPUs).
+func (r NvidiaSMIResetter) ResetGPUs(ctx context.Context, busIDs []string) error {
+	return r.reset(ctx, strings.Join(busIDs, ","))
+}
+
+func (r NvidiaSMIResetter) reset(ctx context.Context, which string) error {
 	loader := filepath.Join(r.Root, "lib64/ld-linux-x86-64.so.2")
 
 	out, err := cmd.RunContext(ctx, loader, "--library-path", filepath.Join(r.Root, "usr/lib64"),
-		filepath.Join(r.Root, "usr/bin/nvidia-smi"), "-r", "-i", fmt.Sprint(index))
+		filepath.Join(r.Root, "usr/bin/nvidia-smi"), "-r", "-i", which)
 	if err != nil {
-		return fmt.Errorf("nvidia-smi -r -i %d: %w (%s)", index, err, strings.TrimSpace(out))
+		return fmt.Errorf("nvidia-smi -r -i %s: %w (%s)", which, err, strings.TrimSpace(out))
 	}
 
 	return nil
@@ -100,6 +119,15 @@ type Applier struct {
 	// ProcRoot is the host's /proc, where the processes that hold a GPU open are found
 	// (/proc/<pid>/fd); default /proc.
 	ProcRoot string
+	// WholeBoard: the GPUs reset only together (an NVSwitch board). A mode change that waits
+	// for a reset is then finished as mig-parted finishes it (cmd/nvidia-mig-parted/apply/
+	// mode.go): the mode set on every GPU first, then one reset of all the node's GPUs
+	// (util/device.go ResetAllGPUs), only when nothing holds any of them, through a Resetter
+	// that is a BoardResetter. The instances of GPUs the layout leaves alone are made again.
+	WholeBoard bool
+	// NoReset says why no GPU can be reset here (mig-parted's deployments/systemd/utils.sh
+	// assert_gpu_reset_available: a GPU without a sysfs reset); "" when they can.
+	NoReset string
 }
 
 // LayoutError is a layout that cannot be planned for the node's GPUs, or a layouts file
@@ -156,9 +184,21 @@ func (a *Applier) ApplyPlan(ctx context.Context, plan *Plan) []Status {
 		return prepErr
 	}
 
-	for _, gp := range plan.GPUs {
-		st := a.applyGPU(ctx, plan.Layout, gp, prepare)
+	var awaiting []awaitingReset
 
+	for k, gp := range plan.GPUs {
+		st := a.applyGPU(ctx, plan.Layout, gp, prepare, func(prev State) {
+			awaiting = append(awaiting, awaitingReset{status: k, plan: gp, prev: prev})
+		})
+
+		statuses = append(statuses, st)
+	}
+
+	if len(awaiting) > 0 {
+		a.resetBoard(ctx, plan, statuses, awaiting)
+	}
+
+	for _, st := range statuses {
 		level := slog.LevelInfo
 		if st.Result != ResultSuccess {
 			level = slog.LevelWarn
@@ -170,8 +210,6 @@ func (a *Applier) ApplyPlan(ctx context.Context, plan *Plan) []Status {
 		if st.Changed {
 			changed = append(changed, st.Index)
 		}
-
-		statuses = append(statuses, st)
 	}
 
 	if len(changed) > 0 && a.OnChange != nil {
@@ -198,7 +236,9 @@ func (a *Applier) logger() *slog.Logger {
 	return a.Logger
 }
 
-func (a *Applier) applyGPU(ctx context.Context, layout string, gp GPUPlan, prepare func() error) Status {
+// applyGPU applies the plan to one GPU. A mode change that waits for the board's reset is
+// handed to await with the GPU's state before, and reported pending until resetBoard is done.
+func (a *Applier) applyGPU(ctx context.Context, layout string, gp GPUPlan, prepare func() error, await func(prev State)) Status {
 	g := gp.GPU
 	st := Status{Index: g.Index, UUID: g.UUID, Layout: layout}
 
@@ -276,29 +316,17 @@ func (a *Applier) applyGPU(ctx context.Context, layout string, gp GPUPlan, prepa
 		return st
 	}
 
-	var held *heldError
-	if errors.As(err, &held) {
-		st.Holders = held.holders
+	if errors.Is(err, errAwaitingReset) {
+		st.Result = ResultPending
+		st.Message = err.Error()
+
+		await(prev)
+
+		return st
 	}
 
 	if errors.Is(err, errPending) || errors.Is(err, errPendingReboot) {
-		// The new mode stays pending (no rollback of the mode: the next boot or idle start
-		// finishes it). Instances destroyed on the way come back, so the GPU serves as before.
-		st.Result = ResultPending
-		if errors.Is(err, errPendingReboot) {
-			st.Result = ResultPendingReboot
-		}
-
-		st.Message = err.Error()
-		st.Changed = false
-
-		if restored, rerr := a.restoreInstances(g, prev); rerr != nil {
-			st.Message += fmt.Sprintf("; restoring the previous instances failed: %v", rerr)
-			st.Changed = true
-		} else if restored {
-			st.Changed = true
-			st.Message += "; the previous instances were restored until then"
-		}
+		a.keepPending(&st, g, prev, err.Error(), err)
 
 		return st
 	}

@@ -21,6 +21,9 @@ import (
 var (
 	errPending       = errors.New("pending")
 	errPendingReboot = errors.New("pending reboot")
+	// errAwaitingReset: the mode is set and pending; the board's one reset of all GPUs
+	// (Applier.WholeBoard) comes after every GPU's mode.
+	errAwaitingReset = errors.New("awaiting the board's reset")
 )
 
 // heldError is errPending or errPendingReboot with its message and the processes that hold
@@ -164,8 +167,18 @@ func (a *Applier) setMode(ctx context.Context, g *GPU, want int) (err error) {
 			g.Index, modeWord(want == nvml.DEVICE_MIG_ENABLE), gpu.HolderList(holders))}
 	}
 
-	if a.Resetter == nil {
-		return pendingReboot("gpu %d: MIG mode change pending and no way to reset the GPU; reboot to finish", g.Index)
+	if a.Resetter == nil || a.NoReset != "" {
+		why := "no way to reset the GPU"
+		if a.NoReset != "" {
+			why = a.NoReset
+		}
+
+		return pendingReboot("gpu %d: MIG mode change pending and %s; reboot to finish", g.Index, why)
+	}
+
+	if a.WholeBoard {
+		return &heldError{kind: errAwaitingReset, msg: fmt.Sprintf("gpu %d: MIG mode %s is pending until the board's GPUs are reset together",
+			g.Index, modeWord(want == nvml.DEVICE_MIG_ENABLE))}
 	}
 
 	if err := a.Resetter.ResetGPU(ctx, g.Index); err != nil {

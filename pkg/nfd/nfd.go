@@ -10,8 +10,6 @@
 package nfd
 
 import (
-	"github.com/talos-nvidia/nvidia-driver/pkg/atomicfile"
-
 	"errors"
 	"fmt"
 	"os"
@@ -20,6 +18,8 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+
+	"github.com/talos-nvidia/nvidia-driver/pkg/atomicfile"
 )
 
 // DefaultDir is where NFD's worker (and its Helm chart's hostPath) looks for feature
@@ -222,4 +222,19 @@ func MIGLabels(layout, state, product string) map[string]string {
 func WithMPSCapable(labels map[string]string, capable bool) map[string]string {
 	labels[LabelMPSCapable] = strconv.FormatBool(capable)
 	return labels
+}
+
+// PausedForMIGChange is the value of the GPU Operator's nvidia.com/gpu.deploy.<operand>
+// labels that takes an operand's pod off a node while its MIG layout changes (the
+// operator's mig-manager sets it: mig-parted deployments/container/reconfigure-mig.sh);
+// the DaemonSets of deploy/ honour it.
+const PausedForMIGChange = "paused-for-mig-change"
+
+// PauseLabels are the labels that pause the operands deploy/ runs, the device plugin and the
+// DCGM exporter, for a MIG change.
+func PauseLabels() map[string]string {
+	return map[string]string{
+		"nvidia.com/gpu.deploy.device-plugin": PausedForMIGChange,
+		"nvidia.com/gpu.deploy.dcgm-exporter": PausedForMIGChange,
+	}
 }

@@ -37,6 +37,8 @@ type migNode struct {
 	file string
 	// env is added to the service's environment at each run.
 	env []string
+	// switches, when set, are the board's NVSwitches in the host's sysfs and procfs.
+	switches *sim.NVSwitches
 
 	mu          sync.Mutex
 	mutating    []int // GPU index of each mutating call
@@ -92,6 +94,16 @@ func (m *migNode) calls() (map[int]int, bool) {
 // from the machine's own /proc/driver/nvidia-caps, which this host lacks (the demo mounts a
 // simulated one in its private mount namespace).
 func (m *migNode) run(layout string, cdi bool) (node.Status, string) {
+	m.t.Helper()
+
+	r, logs := m.runner(layout, cdi)
+
+	// Held a while longer: a retry loop would show as more calls and more log lines.
+	return runUntilSettled(m.t, r, logs, 20*time.Second, 100*time.Millisecond)
+}
+
+// runner makes the service's runner for a layout on this node, and the buffer it logs to.
+func (m *migNode) runner(layout string, cdi bool) (*node.Runner, *testutil.SyncBuffer) {
 	t := m.t
 	t.Helper()
 
@@ -109,18 +121,24 @@ func (m *migNode) run(layout string, cdi bool) (node.Status, string) {
 		}
 		defer m.gpus.Shutdown() //nolint:errcheck
 
-		return sim.WriteProcFS(m.host, m.gpus)
+		if err := sim.WriteProcFS(m.host, m.gpus); err != nil {
+			return err
+		}
+
+		if m.switches == nil {
+			return nil
+		}
+
+		return sim.WriteNVSwitchFS(m.host, *m.switches)
 	}
 	require.NoError(t, writeProc())
 
-	var logs strings.Builder
+	logs := &testutil.SyncBuffer{}
 
-	log := slog.New(slog.NewTextHandler(&logs, nil))
+	log := slog.New(slog.NewTextHandler(logs, nil))
 	jobs := &nvmljobs.Local{Log: log, NVML: m.gpus, Resetter: m.gpus, AfterMIGChange: writeProc}
-	r := node.New(log, cfg, jobs, node.WithBackoff(node.Backoff{Initial: 10 * time.Millisecond, Max: 20 * time.Millisecond}))
 
-	// Held a while longer: a retry loop would show as more calls and more log lines.
-	return runUntilSettled(t, r, &logs, 20*time.Second, 100*time.Millisecond)
+	return node.New(log, cfg, jobs, node.WithBackoff(node.Backoff{Initial: 10 * time.Millisecond, Max: 20 * time.Millisecond})), logs
 }
 
 // cdiDevices lists the devices of the node's CDI spec, as containerd's CDI library reads it.
@@ -247,7 +265,42 @@ mig-configs:
       mig-devices: {"3g.40gb": 2}
 `
 
-// TestNVSwitchA100IsPendingRebootAndTheRebootFinishes: on an A100 NVSwitch board a MIG mode
+// TestNVSwitchA100BoardIsResetAsAWhole: on an HGX A100 whose switches sysfs shows, the
+// service sets the three GPUs' modes, resets the whole board once (all four GPUs, as
+// mig-parted does) and creates the instances: success with no reboot, no reset of one GPU,
+// and GPU 3, which the layout leaves alone and which had no instances, no call.
+func TestNVSwitchA100BoardIsResetAsAWhole(t *testing.T) {
+	gpus := sim.New(testutil.Model(t, "a100-80gb"), 4)
+	gpus.SetBoard(sim.Board{NoPerGPUReset: true})
+
+	m := newMIGNode(t, gpus, a100Layouts)
+	m.switches = &sim.NVSwitches{Count: 6, DeviceID: 0x1af1}
+	m.env = append(m.env, "NVIDIA_DRIVER_FABRIC_WAIT=1s")
+
+	st, logs := m.run("first-three", false)
+
+	// Degraded by the fabric alone: no ext-nvidia-fabricmanager runs in this test.
+	require.Equal(t, node.PhaseDegraded, st.Phase, logs)
+	assert.Contains(t, st.Message, `MIG layout "first-three": success; NVLink fabric degraded: no fabric manager runs`)
+
+	for i := range 3 {
+		assert.Equal(t, mig.ResultSuccess, st.MIG[i].Result, st.MIG[i].Message)
+		assert.Contains(t, st.MIG[i].Message, "after the reset of all 4 GPUs of the board")
+		assert.Len(t, gpus.State(i).Instances, 2)
+	}
+
+	assert.Contains(t, logs, "reset all GPUs of the NVSwitch board at once")
+	assert.Equal(t, 3, gpus.Calls(sim.MSetMigMode))
+	assert.Equal(t, 1, gpus.Calls(sim.MResetGPUs))
+	assert.Zero(t, gpus.Calls(sim.MResetGPU))
+
+	per, withdrawn := m.calls()
+	assert.Zero(t, per[3])
+	assert.True(t, withdrawn, "the readiness file was withdrawn before the first change")
+}
+
+// TestNVSwitchA100IsPendingRebootAndTheRebootFinishes: on an A100 NVSwitch board whose
+// switches sysfs does not show (so the service cannot know to reset the board), a MIG mode
 // change stays pending (activationStatus RESET_REQUIRED) and one GPU cannot be reset alone.
 // The GPUs end pending-reboot with the pending mode kept, once, and the node is ready; after
 // a reboot the service creates the instances with no mode change at all, and a GPU the

@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"os"
 	"path/filepath"
 	"strings"
@@ -48,6 +49,7 @@ type Runner struct {
 	daemonLog       func(tag string) string
 	daemonsDone     chan struct{}
 	watchDone       chan struct{} // the persistenced watcher's
+	retryDone       chan struct{} // the pending MIG layout's retry (retry.go)
 	fabric          fabricJob     // the NVSwitch job (fabric.go)
 
 	// upMu serializes the reports of a node that is up (reportUp): the fabric's and
@@ -115,6 +117,7 @@ func (r *Runner) Run(ctx context.Context) error {
 	defer r.report(PhaseStopped, "service stopped; the driver root stays mounted for running containers")
 	defer r.stopDaemons()
 	defer r.stopFabric()
+	defer r.stopMIGRetry()
 
 	if err := r.bringUp(ctx); err != nil {
 		if ctx.Err() != nil {
@@ -127,7 +130,7 @@ func (r *Runner) Run(ctx context.Context) error {
 		}
 
 		if r.cfg.MIGLayout != "" {
-			r.labelNode(string(mig.ResultFailed))
+			r.labelNode(string(mig.ResultFailed), false)
 		}
 
 		r.report(PhaseFailed, err.Error())
@@ -237,10 +240,26 @@ func (r *Runner) bringUp(ctx context.Context) error {
 	r.startPersistenced(ctx)
 	r.bringUpFabric(ctx)
 
+	if err := r.publish(ctx); err != nil {
+		return err
+	}
+
+	r.labelNode(r.migNodeState(), false)
+	r.setUp()
+	r.watchFabric(ctx)
+	r.watchPersistenced(ctx)
+	r.startMIGRetry(ctx)
+
+	return nil
+}
+
+// publish writes what consumers read once the GPUs are as they will be: the CDI spec and the
+// readiness file.
+func (r *Runner) publish(ctx context.Context) error {
 	if r.cfg.CDI {
 		// nvcdi looks under the driver root for the libraries and the persistenced socket:
 		// the /run/nvidia/driver mount has both (see docs/cdi.md).
-		opts := cdi.DefaultOptions(mount)
+		opts := cdi.DefaultOptions(r.cfg.DriverMount())
 		opts.DevRoot = r.cfg.HostRoot
 
 		err := r.waitFor(ctx, "a CDI spec of the node's GPUs", func() error {
@@ -261,19 +280,20 @@ func (r *Runner) bringUp(ctx context.Context) error {
 		return fmt.Errorf("encoding the readiness summary: %w", err)
 	}
 
-	if err := driverroot.MarkReady(r.cfg.ValidationsDir(), append(summary, '\n')); err != nil {
-		return err
-	}
+	return driverroot.MarkReady(r.cfg.ValidationsDir(), append(summary, '\n'))
+}
 
-	r.labelNode(r.migNodeState())
+// setUp reports the node up, with its MIG layout's outcome; the fabric's and persistenced's
+// states are laid over it (reportUp).
+func (r *Runner) setUp() {
+	st := r.status.get()
+	phase, msg := r.migPhase(PhaseReady, fmt.Sprintf("node ready: %d GPU(s), driver %s", len(st.GPUs), st.DriverVersion))
 
-	phase, msg := r.migPhase(PhaseReady, fmt.Sprintf("node ready: %d GPU(s), driver %s", len(gpus), report.DriverVersion))
+	r.upMu.Lock()
 	r.fabric.readyPhase, r.fabric.readyMsg = phase, msg
-	r.reportUp()
-	r.watchFabric(ctx)
-	r.watchPersistenced(ctx)
+	r.upMu.Unlock()
 
-	return nil
+	r.reportUp()
 }
 
 // permanentError ends a waitFor: trying again cannot help.
@@ -666,8 +686,8 @@ func migDetail(results []mig.Status) string {
 
 // labelNode writes the Node Feature Discovery feature file, when configured: the MIG
 // layout, its state, the GPU product and whether MPS can share the GPUs, for clusters that
-// run NFD.
-func (r *Runner) labelNode(state string) {
+// run NFD; with pause, the labels that ask the operands to leave for a MIG change.
+func (r *Runner) labelNode(state string, pause bool) {
 	if r.cfg.NFDFeaturesDir == "" {
 		return
 	}
@@ -686,6 +706,9 @@ func (r *Runner) labelNode(state string) {
 	labels := nfd.MIGLabels(layout, state, product)
 	if len(gpus) > 0 {
 		labels = nfd.WithMPSCapable(labels, gpu.MPSCapable(gpus))
+	}
+	if pause {
+		maps.Copy(labels, nfd.PauseLabels())
 	}
 
 	w, err := nfd.NewWriter(r.cfg.Host(r.cfg.NFDFeaturesDir), nfd.DefaultName)

@@ -3,6 +3,7 @@ package node_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -84,7 +85,7 @@ func startWith(t *testing.T, gpus *sim.Node, migFile string, jobs func(*nvmljobs
 // runUntilSettled runs r until it is ready, degraded or failed (at most within), holds it for hold more
 // (a retry loop would show as more calls and log lines), stops it and returns its status and
 // log.
-func runUntilSettled(t *testing.T, r *node.Runner, logs *strings.Builder, within, hold time.Duration) (node.Status, string) {
+func runUntilSettled(t *testing.T, r *node.Runner, logs fmt.Stringer, within, hold time.Duration) (node.Status, string) {
 	t.Helper()
 
 	ctx, cancel := context.WithCancel(context.Background())

@@ -12,7 +12,9 @@ package nvmljobs
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
+	"strings"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 
@@ -21,6 +23,7 @@ import (
 	"github.com/talos-nvidia/nvidia-driver/pkg/driverroot"
 	"github.com/talos-nvidia/nvidia-driver/pkg/gpu"
 	"github.com/talos-nvidia/nvidia-driver/pkg/mig"
+	"github.com/talos-nvidia/nvidia-driver/pkg/nvswitch"
 )
 
 // Jobs runs the node's NVML work. Each call initializes NVML and shuts it down again.
@@ -160,6 +163,17 @@ func (l *Local) ApplyMIG(ctx context.Context, req MIGRequest, changing func()) (
 		},
 	}
 
+	// NVSwitch boards reset their GPUs only together, once all modes are set (mig-parted).
+	board, err := nvswitch.Detect(req.HostRoot)
+	if err != nil {
+		l.Log.Warn("cannot read the whole NVSwitch board; going on with what was read", "error", err)
+	}
+
+	if board.HasNVSwitch() {
+		applier.WholeBoard = true
+		applier.NoReset = noReset(req.HostRoot)
+	}
+
 	err = l.withNVML(func() error {
 		var err error
 
@@ -169,6 +183,20 @@ func (l *Local) ApplyMIG(ctx context.Context, req MIGRequest, changing func()) (
 	})
 
 	return res, err
+}
+
+// noReset says which GPUs the kernel cannot reset, "" when it can reset them all.
+func noReset(hostRoot string) string {
+	missing, err := gpu.Unresettable(hostRoot)
+
+	switch {
+	case err != nil:
+		return fmt.Sprintf("the GPUs' PCI functions cannot be read (%v)", err)
+	case len(missing) > 0:
+		return fmt.Sprintf("the kernel offers no reset of GPU %s (no sysfs reset)", strings.Join(missing, ", "))
+	}
+
+	return ""
 }
 
 // WriteCDI generates the spec and writes it.

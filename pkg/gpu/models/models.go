@@ -54,7 +54,12 @@ type Model struct {
 	CudaMinor      int
 	PciDeviceID    uint32
 	PciSubsystemID uint32
-	MemoryBytes    uint64
+	// AlsoPciDeviceIDs are other device ids that the sources give the same table (the GPU
+	// Operator's file groups them so); the simulator reports PciDeviceID.
+	AlsoPciDeviceIDs []uint32
+	MemoryBytes      uint64
+	// Unverified names each fact of the file that no source states for this product.
+	Unverified []string
 	// ModeChangeNeedsReset: SetMigMode only makes the mode pending and a GPU reset activates
 	// it (Ampere).
 	ModeChangeNeedsReset bool
@@ -62,6 +67,17 @@ type Model struct {
 	// ComputeProfiles maps a GPU instance's slice count to the compute profiles it offers,
 	// smallest first.
 	ComputeProfiles map[uint32][]CIProfile
+}
+
+// ComputeSlices is the number of compute slices of the GPU: the slice count of its largest
+// profile (7 on A100, H100, B200; 4 on A30 and RTX PRO 6000).
+func (m *Model) ComputeSlices() uint32 {
+	var n uint32
+	for _, p := range m.Profiles {
+		n = max(n, p.Info.SliceCount)
+	}
+
+	return n
 }
 
 // Profile returns the GPU-instance profile with NVML index idx.
@@ -77,15 +93,17 @@ func (m *Model) Profile(idx int) (GIProfile, bool) {
 
 // file is the JSON form of a model.
 type file struct {
-	Key            string `json:"key"`
-	Name           string `json:"name"`
-	Architecture   string `json:"architecture"`
-	CudaCapability string `json:"cudaComputeCapability"`
-	PciDeviceID    string `json:"pciDeviceId"`
-	PciSubsystemID string `json:"pciSubsystemId,omitempty"`
-	MemoryBytes    uint64 `json:"memoryBytes"`
-	MigModeChange  string `json:"migModeChange"`
-	Source         string `json:"source"`
+	Key            string   `json:"key"`
+	Name           string   `json:"name"`
+	Architecture   string   `json:"architecture"`
+	CudaCapability string   `json:"cudaComputeCapability"`
+	PciDeviceID    string   `json:"pciDeviceId"`
+	PciSubsystemID string   `json:"pciSubsystemId,omitempty"`
+	AlsoPciDevices []string `json:"alsoPciDeviceIds,omitempty"`
+	MemoryBytes    uint64   `json:"memoryBytes"`
+	MigModeChange  string   `json:"migModeChange"`
+	Source         string   `json:"source"`
+	Unverified     []string `json:"unverified,omitempty"`
 	GIProfiles     []struct {
 		NvmlProfile   int        `json:"nvmlProfile"`
 		ID            uint32     `json:"id"`
@@ -154,13 +172,17 @@ func ByPCIID(id uint32) (Model, bool) {
 	return m, ok
 }
 
-// All returns every known model by PCI device id, each file read once.
+// All returns every known model by PCI device id (its own and the ones it shares a table
+// with), each file read once.
 func All() map[uint32]Model {
 	out := map[uint32]Model{}
 
 	for _, k := range Keys() {
 		if m, err := Lookup(k); err == nil {
 			out[m.PciDeviceID] = m
+			for _, id := range m.AlsoPciDeviceIDs {
+				out[id] = m
+			}
 		}
 	}
 
@@ -203,6 +225,17 @@ func parse(data []byte) (Model, error) {
 		}
 	}
 
+	var also []uint32
+
+	for _, s := range f.AlsoPciDevices {
+		id, err := pciID(s)
+		if err != nil {
+			return Model{}, fmt.Errorf("alsoPciDeviceIds: %w", err)
+		}
+
+		also = append(also, id)
+	}
+
 	if f.MigModeChange != ModeResetByNVML && f.MigModeChange != ModePendingUntilReset {
 		return Model{}, fmt.Errorf("migModeChange %q: want %s or %s", f.MigModeChange, ModeResetByNVML, ModePendingUntilReset)
 	}
@@ -213,7 +246,7 @@ func parse(data []byte) (Model, error) {
 
 	m := Model{
 		Key: f.Key, Name: f.Name, Source: f.Source, Architecture: arch, CudaMajor: cmaj, CudaMinor: cmin,
-		PciDeviceID: dev, PciSubsystemID: sub, MemoryBytes: f.MemoryBytes,
+		PciDeviceID: dev, PciSubsystemID: sub, AlsoPciDeviceIDs: also, MemoryBytes: f.MemoryBytes, Unverified: f.Unverified,
 		ModeChangeNeedsReset: f.MigModeChange == ModePendingUntilReset,
 		ComputeProfiles:      map[uint32][]CIProfile{},
 	}

@@ -297,7 +297,7 @@ func (g *gpu) fits(p GIProfile, pl nvml.GpuInstancePlacement) nvml.Return {
 		}
 	}
 
-	if count >= p.Info.InstanceCount || compute > ComputeSlices {
+	if count >= p.Info.InstanceCount || compute > g.model.ComputeSlices() {
 		return nvml.ERROR_INSUFFICIENT_RESOURCES
 	}
 
@@ -433,7 +433,7 @@ func (d *Device) GetMaxMigDeviceCount() (int, nvml.Return) {
 		return 0, nvml.SUCCESS
 	}
 
-	return ComputeSlices, nvml.SUCCESS
+	return int(d.g.model.ComputeSlices()), nvml.SUCCESS
 }
 
 func (d *Device) GetMigDeviceHandleByIndex(i int) (nvml.Device, nvml.Return) {
@@ -442,7 +442,7 @@ func (d *Device) GetMigDeviceHandleByIndex(i int) (nvml.Device, nvml.Return) {
 		return nil, ret
 	}
 
-	if d.g.mode != nvml.DEVICE_MIG_ENABLE || i < 0 || i >= ComputeSlices {
+	if d.g.mode != nvml.DEVICE_MIG_ENABLE || i < 0 || i >= int(d.g.model.ComputeSlices()) {
 		return nil, nvml.ERROR_INVALID_ARGUMENT
 	}
 

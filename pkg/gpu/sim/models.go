@@ -6,13 +6,6 @@ import (
 	"github.com/talos-nvidia/nvidia-driver/pkg/gpu/models"
 )
 
-// MemorySlices is the number of memory slices a placement is counted in on
-// every model simulated here; ComputeSlices is how many compute slices exist.
-const (
-	MemorySlices  = 8
-	ComputeSlices = 7
-)
-
 // ModelSpec describes one simulated GPU model: the data file of pkg/gpu/models, the same
 // one the offline planner reads.
 type ModelSpec = models.Model

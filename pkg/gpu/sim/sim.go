@@ -16,7 +16,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sort"
+	"strings"
 	"sync"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
@@ -33,12 +35,14 @@ const (
 	MGpuInstanceDestroy                 = "GpuInstance.Destroy"
 	MComputeInstanceDestroy             = "ComputeInstance.Destroy"
 	MResetGPU                           = "Node.ResetGPU"
+	// MResetGPUs is one reset of several GPUs at once (its mutating-call hook gets GPU -1).
+	MResetGPUs = "Node.ResetGPUs"
 )
 
 // MutatingMethods are the calls that change GPU state.
 var MutatingMethods = []string{
 	MSetMigMode, MCreateGpuInstance, MCreateGpuInstanceWithPlacement, MCreateComputeInstance,
-	MCreateComputeInstanceWithPlacement, MGpuInstanceDestroy, MComputeInstanceDestroy, MResetGPU,
+	MCreateComputeInstanceWithPlacement, MGpuInstanceDestroy, MComputeInstanceDestroy, MResetGPU, MResetGPUs,
 }
 
 func isMutating(method string) bool {
@@ -408,6 +412,49 @@ func (n *Node) ResetGPU(_ context.Context, index int) error {
 	}
 
 	n.resetLocked(g)
+
+	return nil
+}
+
+// ResetGPUs resets the GPUs of these PCI bus ids in one go, as `nvidia-smi -r -i A,B,...`
+// does (mig-parted's cmd/nvidia-mig-parted/util/device.go nvmlResetAllGPUs): it fails in
+// pass-through, while anything holds any of them, and, on a board whose GPUs reset only
+// together, unless every GPU of the board is named. Otherwise each GPU is reset.
+func (n *Node) ResetGPUs(_ context.Context, busIDs []string) error {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+
+	if ret := n.enter(MResetGPUs, -1); ret != nvml.SUCCESS {
+		return fmt.Errorf("reset gpus %s: %w", strings.Join(busIDs, ","), ret)
+	}
+
+	var gpus []*gpu
+
+	for _, id := range busIDs {
+		i := slices.IndexFunc(n.gpus, func(g *gpu) bool { return g.busID == id })
+		if i < 0 {
+			return fmt.Errorf("reset gpus: no GPU at %s: %w", id, nvml.ERROR_INVALID_ARGUMENT)
+		}
+
+		gpus = append(gpus, n.gpus[i])
+	}
+
+	switch {
+	case n.passThrough:
+		return fmt.Errorf("reset gpus: %w: the GPUs are passed through to a VM; reboot the VM", ErrResetNotSupported)
+	case n.noPerGPUReset && len(gpus) != len(n.gpus):
+		return fmt.Errorf("reset gpus: %w: GPUs connected through NVSwitch reset together, all %d of them", ErrResetNotSupported, len(n.gpus))
+	}
+
+	for _, g := range gpus {
+		if n.held(g) {
+			return fmt.Errorf("reset gpus: gpu %d: %w", g.index, nvml.ERROR_IN_USE)
+		}
+	}
+
+	for _, g := range gpus {
+		n.resetLocked(g)
+	}
 
 	return nil
 }

@@ -77,6 +77,12 @@ func RunPlanCLI(args []string, stdout, stderr io.Writer) int {
 		return usage(err.Error())
 	}
 
+	if len(spec.Unverified) > 0 {
+		// The plan is only as good as the data: say which file to read before trusting it.
+		fmt.Fprintf(stderr, "mig plan: note: %d facts of the %s data are in no source (pkg/gpu/models/data/%s.json, \"unverified\"); on a node the service asks NVML\n",
+			len(spec.Unverified), spec.Key, spec.Key)
+	}
+
 	cfg := &mig.Config{Layouts: map[string][]mig.Entry{}}
 
 	if *config != "" {

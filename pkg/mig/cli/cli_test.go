@@ -49,6 +49,21 @@ func TestPlanRejectsIndicesTheNodeLacks(t *testing.T) {
 	assert.Empty(t, out.String())
 }
 
+// TestPlanNotesUnverifiedData: a model whose file is not all from sources says so on stderr;
+// one that is says nothing.
+func TestPlanNotesUnverifiedData(t *testing.T) {
+	for _, tc := range []struct{ gpu, note string }{
+		{"b200", "mig plan: note: 9 facts of the b200 data are in no source (pkg/gpu/models/data/b200.json, \"unverified\"); on a node the service asks NVML\n"},
+		{"h200", ""},
+	} {
+		var out, errOut bytes.Buffer
+		code := cli.RunPlanCLI([]string{"--gpu", tc.gpu, "--select", "all-balanced"}, &out, &errOut)
+		require.Equal(t, 0, code, errOut.String())
+		assert.Equal(t, tc.note, errOut.String(), tc.gpu)
+		assert.Contains(t, out.String(), "fits on 1 × "+tc.gpu)
+	}
+}
+
 func TestPlanFailures(t *testing.T) {
 	for _, tc := range []struct {
 		args []string
@@ -56,7 +71,7 @@ func TestPlanFailures(t *testing.T) {
 		want string
 	}{
 		{[]string{"--gpu", "a100-40gb", "--select", "all-balanced"}, 0, "layout \"all-balanced\" fits on 1 × a100-40gb (NVIDIA A100-SXM4-40GB):\n  GPU 0: MIG on: 2g.10gb@0[2g.10gb] 1g.5gb@2[1g.5gb] 1g.5gb@3[1g.5gb] 3g.20gb@4[3g.20gb]\n"},
-		{[]string{"--gpu", "t4", "--select", "all-max"}, 2, "mig plan: unknown GPU model \"t4\" (known: a100-40gb, a100-80gb, a30, h100-80gb, h200)\n"},
+		{[]string{"--gpu", "t4", "--select", "all-max"}, 2, "mig plan: unknown GPU model \"t4\" (known: a100-40gb, a100-80gb, a100-pcie-40gb, a100-pcie-80gb, a30, a800-40gb, a800-80gb, b200, b300, gb200, gb300, gh200, gh200-144gb, h100-80gb, h100-96gb, h100-nvl, h100-pcie, h20, h200, h200-nvl, h800, rtx-pro-6000)\n"},
 		{[]string{"--gpu", "h200"}, 2, "mig plan: --select is required\n"},
 		{[]string{"--gpu", "h200", "--select", "mixed"}, 1, "mig plan: no layout \"mixed\" (layouts: all-1g, all-balanced, all-disabled, all-enabled, all-max)\n"},
 	} {

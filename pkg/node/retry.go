@@ -1,0 +1,185 @@
+package node
+
+// A MIG layout that bring-up left pending because something held the GPUs is tried again
+// once they are free, as the GPU Operator's mig-manager does it
+// (mig-parted deployments/container/reconfigure-mig.sh): ask for the operands' pause, wait
+// for them to leave, apply, lift the pause. The service has no Kubernetes credentials, so the
+// pause is asked for through the Node Feature Discovery feature file it already writes:
+// nvidia.com/gpu.deploy.<operand>=paused-for-mig-change, which NFD makes node labels at its
+// worker's next pass and which the DaemonSets of deploy/ honour (their pods leave the node).
+// The service cannot see the operands' processes (another PID namespace), so "left" is
+// NVML's word: the next try no longer finds the GPUs in use.
+
+import (
+	"context"
+	"fmt"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/talos-nvidia/nvidia-driver/pkg/mig"
+	"github.com/talos-nvidia/nvidia-driver/pkg/nfd"
+)
+
+// pendingMIG lists the GPUs the layout left pending on holders, and whether the service
+// could name every holder (compute processes, processes of its own PID namespace).
+func (r *Runner) pendingMIG() (gpus []int, named bool) {
+	named = true
+
+	for _, st := range r.status.get().MIG {
+		if st.Result == mig.ResultPending {
+			gpus = append(gpus, st.Index)
+			named = named && len(st.Holders) > 0
+		}
+	}
+
+	return gpus, named
+}
+
+// startMIGRetry starts the retry of a pending layout, when there is one.
+func (r *Runner) startMIGRetry(ctx context.Context) {
+	pending, named := r.pendingMIG()
+	if r.cfg.MIGLayout == "" || r.migProblem != nil || len(pending) == 0 {
+		return
+	}
+
+	pause := r.cfg.MIGPause && r.cfg.NFDFeaturesDir != ""
+	if !pause && !named {
+		r.log.Warn("mig layout pending on GPU holders outside the service and not retried: without the operands' pause (migPause, nfdFeaturesDir) nothing lets them go; restart the service once they have stopped, or reboot",
+			"layout", r.cfg.MIGLayout, "gpus", pending)
+
+		return
+	}
+
+	r.retryDone = make(chan struct{})
+
+	go func() {
+		defer close(r.retryDone)
+
+		r.retryMIG(ctx, pause)
+	}()
+}
+
+// stopMIGRetry waits for the retry, which ends with ctx.
+func (r *Runner) stopMIGRetry() {
+	if r.retryDone != nil {
+		<-r.retryDone
+	}
+}
+
+// retryMIG tries the layout every MIGRetryInterval, within MIGRetry, with the operands paused
+// when pause is set and our nvidia-persistenced suspended (it holds every GPU). Whatever the
+// outcome, persistenced is resumed, the CDI spec and readiness file say what the GPUs are,
+// and then the pause is lifted.
+func (r *Runner) retryMIG(ctx context.Context, pause bool) {
+	start := time.Now()
+	pending, _ := r.pendingMIG()
+
+	if pause {
+		r.labelNode(r.migNodeState(), true)
+		r.log.Info("mig layout pending: asked for the operands' pause through the NFD feature file; NFD labels the node at its worker's next pass (core.sleepInterval, 60 s by default)",
+			"layout", r.cfg.MIGLayout, "gpus", pending, "labels", pauseLabelList(), "file", r.cfg.Host(r.cfg.NFDFeaturesDir))
+	}
+
+	resume := r.suspendPersistenced(ctx)
+
+	defer func() {
+		resume()
+
+		if ctx.Err() == nil {
+			if err := r.refreshGPUs(ctx); err != nil {
+				r.log.Error("after the MIG retry: the CDI spec or readiness file was not written", "error", err)
+			}
+		}
+
+		if ctx.Err() == nil {
+			r.setUp()
+		}
+
+		// Last: the operands that come back find the readiness file and CDI spec current.
+		if pause {
+			r.log.Info("mig retry over: the operands' pause is lifted", "layout", r.cfg.MIGLayout, "state", r.migNodeState(),
+				"after", time.Since(start).Round(time.Millisecond).String())
+			r.labelNode(r.migNodeState(), false)
+		}
+	}()
+
+	for attempt := 1; ; attempt++ {
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(r.cfg.MIGRetryInterval):
+		}
+
+		err := r.applyMIG(ctx)
+		if ctx.Err() != nil {
+			return
+		}
+
+		still, _ := r.pendingMIG()
+
+		switch {
+		case err != nil:
+			r.log.Error("mig retry: the layout failed; not tried again", "layout", r.cfg.MIGLayout, "attempt", attempt, "error", err)
+
+			return
+		case len(still) == 0:
+			r.log.Info("mig layout applied once the GPUs were free", "layout", r.cfg.MIGLayout, "state", r.migNodeState(),
+				"attempts", attempt, "after", time.Since(start).Round(time.Millisecond).String())
+
+			return
+		case time.Since(start) >= r.cfg.MIGRetry:
+			r.log.Warn("mig layout still pending; not tried again: the GPUs are still in use", "layout", r.cfg.MIGLayout, "gpus", still,
+				"attempts", attempt, "after", time.Since(start).Round(time.Millisecond).String())
+
+			return
+		}
+
+		// Still held: the try withdrew the readiness file before its first call (the mode
+		// change NVML refused); consumers read the GPUs as they are until the next try.
+		if err := r.refreshGPUs(ctx); err != nil {
+			r.log.Error("mig retry: the CDI spec or readiness file was not written", "error", err)
+		}
+
+		r.setUp()
+	}
+}
+
+// refreshGPUs reads the GPUs again (MIG devices may have changed) and publishes them.
+func (r *Runner) refreshGPUs(ctx context.Context) error {
+	gpus, err := r.jobs.ListGPUs(ctx)
+	if err != nil {
+		return err
+	}
+
+	r.status.update(func(s *Status) { s.GPUs = gpus }) //nolint:errcheck // reported by report()
+
+	return r.publish(ctx)
+}
+
+// suspendPersistenced stops our nvidia-persistenced for the retry; the function resumes it.
+func (r *Runner) suspendPersistenced(ctx context.Context) func() {
+	if r.persistenced == nil {
+		return func() {}
+	}
+
+	resume, err := r.persistenced.Suspend(ctx)
+	if err != nil {
+		r.log.Warn("mig retry: nvidia-persistenced not suspended; it holds the GPUs, so the layout may stay pending", "error", err)
+
+		return func() {}
+	}
+
+	return resume
+}
+
+func pauseLabelList() string {
+	var out []string
+	for k, v := range nfd.PauseLabels() {
+		out = append(out, fmt.Sprintf("%s=%s", k, v))
+	}
+
+	sort.Strings(out)
+
+	return strings.Join(out, ",")
+}
