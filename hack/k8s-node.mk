@@ -2,7 +2,7 @@
 
 .PHONY: k8s-node test-k8s-node
 
-# kubelet, control plane, kubectl, etcd, containerd, runc and CNI plugins at Talos v1.13.5's
+# kubelet, control plane, kubectl, etcd, containerd, runc and CNI plugins at Talos v1.13.9's
 # versions, built from their Go modules, and the node's images (pause, device plugin, NFD, base),
 # into _out/k8s-node. Cached: rebuilt when their go.mod/go.sum or scripts change.
 k8s-node:

@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
-# Builds the programs of a one-node Kubernetes test cluster at Talos v1.13.5's versions, from
+# Builds the programs of a one-node Kubernetes test cluster at Talos v1.13.9's versions, from
 # their Go modules (pinned in hack/k8s-node/kube/go.mod and hack/k8s-node/runtime/go.mod), into
 # OUT (default _out/k8s-node):
 #   bin/kube          kubelet, kube-apiserver, kube-scheduler, kube-controller-manager, kubectl
 #                     and etcd in one binary (links by those names point at it)
-#   bin/containerd, bin/ctr, bin/containerd-shim-runc-v2   containerd 2.2.5
+#   bin/containerd, bin/ctr, bin/containerd-shim-runc-v2   containerd 2.2.7
 #   bin/runc          runc 1.4.3, static, with seccomp (Talos's kubelet defaults to the
 #                     RuntimeDefault seccomp profile)
 #   base-spec.json    Talos's CRI base runtime spec for this platform (see runtime/base-spec)

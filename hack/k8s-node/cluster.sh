@@ -4,7 +4,7 @@
 #   hack/k8s-node/cluster.sh [-gpu] [-logs DIR] -- COMMAND [ARGS...]
 #
 # etcd, kube-apiserver, kube-controller-manager, kube-scheduler, containerd (with runc and the
-# bridge CNI) and the kubelet, built by hack/k8s-node/build.sh at Talos v1.13.5's versions, run
+# bridge CNI) and the kubelet, built by hack/k8s-node/build.sh at Talos v1.13.9's versions, run
 # in their own PID, mount and network namespaces; the pause, device plugin and test images
 # (hack/k8s-node/images.sh) are imported into containerd, nothing is pulled. COMMAND runs in
 # those namespaces once the node is Ready, with KUBECONFIG (cluster-admin), K8S_NODE (the node's
@@ -14,7 +14,7 @@
 # kubelet's cgroups are removed and those settings are put back.
 #
 # Talos's configuration, where it matters to a GPU node (sources named where used):
-# containerd's CRI config is Talos v1.13.5's (hack/cri-containerd.toml, hack/cri-plugin.part:
+# containerd's CRI config is Talos v1.13.9's (hack/cri-containerd.toml, hack/cri-plugin.part:
 # CDI on, spec dir /run/cdi, which is also /var/run/cdi where the device plugin writes, since
 # /var/run links to /run on Talos as on these hosts; runc with Talos's base runtime spec, NRI
 # off); the kubelet's is
@@ -265,7 +265,7 @@ vm_kubelet_config() {
 start_containerd() {
 	mkdir -p "$W/cri/conf.d" "$W/cni/bin" "$W/cni/net.d"
 	cp "$bin"/cni/* "$W/cni/bin/"
-	# Talos v1.13.5 hack/cri-containerd.toml (the CRI containerd's main config).
+	# Talos v1.13.9 hack/cri-containerd.toml (the CRI containerd's main config).
 	cat >"$W/cri/containerd.toml" <<EOF
 version = 3
 
@@ -287,7 +287,7 @@ imports = [
 level = "info"
 format = "json"
 EOF
-	# Talos v1.13.5 hack/cri-plugin.part (/etc/cri/conf.d/00-base.part), the base spec path
+	# Talos v1.13.9 hack/cri-plugin.part (/etc/cri/conf.d/00-base.part), the base spec path
 	# moved into the scratch directory.
 	cat >"$W/cri/conf.d/00-base.part" <<EOF
 version = 3
@@ -353,7 +353,7 @@ start_kubelet() {
 	mkdir -p "$W/kubelet-pki"
 	echo "nameserver 127.0.0.1" >"$W/resolv.conf"
 	# As Talos's k8s.KubeletSpecController (internal/app/machined/pkg/controllers/k8s/
-	# kubelet_spec.go, NewKubeletConfiguration) with Talos v1.13.5's constants; left out:
+	# kubelet_spec.go, NewKubeletConfiguration) with Talos v1.13.9's constants; left out:
 	# kubeletCgroups/systemCgroups (Talos's own cgroup tree) and the static pod directory.
 	cat >"$W/kubelet.yaml" <<EOF
 apiVersion: kubelet.config.k8s.io/v1beta1

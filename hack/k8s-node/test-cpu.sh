@@ -2,7 +2,7 @@
 # deploy/ on a real Kubernetes node without a GPU (run inside hack/k8s-node/cluster.sh; `make
 # test-k8s-node` does both). Checks, against the real API server, scheduler, kubelet and
 # containerd:
-#   - the node runs the versions Talos v1.13.5 ships;
+#   - the node runs the versions Talos v1.13.9 ships;
 #   - Pod Security is enforced as on Talos ("baseline"), so deploy/'s namespace label matters;
 #   - `kubectl apply -k deploy` passes server-side validation (dry run), then applies;
 #   - the DaemonSets schedule nowhere while the node lacks the label the docs name, and on it
@@ -36,10 +36,10 @@ jp() { kubectl get "$@" 2>/dev/null; } # jp KIND/NAME -o jsonpath=...
 ns=nvidia-gpu
 ready_dir=/run/nvidia/validations
 
-# --- versions: Talos v1.13.5's (pkg/machinery/constants)
+# --- versions: Talos v1.13.9's (pkg/machinery/constants)
 v=$(jp node "$K8S_NODE" -o 'jsonpath={.status.nodeInfo.kubeletVersion} {.status.nodeInfo.containerRuntimeVersion}')
 echo "  node: $v; API server: $(kubectl version -o json | grep -m1 gitVersion | tr -d ' ",')"
-check "kubelet v1.36.2 on containerd 2.2.5" test "$v" = "v1.36.2 containerd://2.2.5"
+check "kubelet v1.36.3 on containerd 2.2.7" test "$v" = "v1.36.3 containerd://2.2.7"
 
 # --- Pod Security as Talos configures it: a privileged pod outside a privileged namespace is refused
 out=$(kubectl run psa-probe --image=talos-nvidia/k8s-node-base:test --restart=Never \

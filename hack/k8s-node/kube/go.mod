@@ -2,14 +2,14 @@ module github.com/talos-nvidia/nvidia-driver/hack/k8s-node/kube
 
 go 1.26.8
 
-// Talos v1.13.5 (pkg/machinery/constants): DefaultKubernetesVersion 1.36.2, DefaultEtcdVersion v3.6.12.
+// Talos v1.13.9 (pkg/machinery/constants): DefaultKubernetesVersion 1.36.3, DefaultEtcdVersion v3.6.12.
 require (
 	go.etcd.io/etcd/server/v3 v3.6.12
-	k8s.io/kubernetes v1.36.2
+	k8s.io/kubernetes v1.36.3
 )
 
 require (
-	k8s.io/component-base v0.36.2
+	k8s.io/component-base v0.36.3
 	k8s.io/kubectl v0.0.0
 )
 
@@ -155,35 +155,35 @@ require (
 	gopkg.in/inf.v0 v0.9.1 // indirect
 	gopkg.in/natefinch/lumberjack.v2 v2.2.1 // indirect
 	gopkg.in/yaml.v3 v3.0.1 // indirect
-	k8s.io/api v0.36.2 // indirect
+	k8s.io/api v0.36.3 // indirect
 	k8s.io/apiextensions-apiserver v0.0.0 // indirect
-	k8s.io/apimachinery v0.36.2 // indirect
-	k8s.io/apiserver v0.36.2 // indirect
-	k8s.io/cli-runtime v0.36.2 // indirect
-	k8s.io/client-go v0.36.2 // indirect
-	k8s.io/cloud-provider v0.36.2 // indirect
+	k8s.io/apimachinery v0.36.3 // indirect
+	k8s.io/apiserver v0.36.3 // indirect
+	k8s.io/cli-runtime v0.36.3 // indirect
+	k8s.io/client-go v0.36.3 // indirect
+	k8s.io/cloud-provider v0.36.3 // indirect
 	k8s.io/cluster-bootstrap v0.0.0 // indirect
-	k8s.io/component-helpers v0.36.2 // indirect
-	k8s.io/controller-manager v0.36.2 // indirect
-	k8s.io/cri-api v0.36.2 // indirect
+	k8s.io/component-helpers v0.36.3 // indirect
+	k8s.io/controller-manager v0.36.3 // indirect
+	k8s.io/cri-api v0.36.3 // indirect
 	k8s.io/cri-client v0.0.0 // indirect
 	k8s.io/cri-streaming v0.0.0 // indirect
 	k8s.io/csi-translation-lib v0.0.0 // indirect
-	k8s.io/dynamic-resource-allocation v0.36.2 // indirect
+	k8s.io/dynamic-resource-allocation v0.36.3 // indirect
 	k8s.io/endpointslice v0.0.0 // indirect
 	k8s.io/externaljwt v0.0.0 // indirect
 	k8s.io/klog/v2 v2.140.0 // indirect
-	k8s.io/kms v0.36.2 // indirect
+	k8s.io/kms v0.36.3 // indirect
 	k8s.io/kube-aggregator v0.0.0 // indirect
 	k8s.io/kube-controller-manager v0.0.0 // indirect
 	k8s.io/kube-openapi v0.0.0-20260317180543-43fb72c5454a // indirect
 	k8s.io/kube-proxy v0.0.0 // indirect
 	k8s.io/kube-scheduler v0.0.0 // indirect
-	k8s.io/kubelet v0.36.2 // indirect
-	k8s.io/metrics v0.36.2 // indirect
+	k8s.io/kubelet v0.36.3 // indirect
+	k8s.io/metrics v0.36.3 // indirect
 	k8s.io/mount-utils v0.0.0 // indirect
 	k8s.io/pod-security-admission v0.0.0 // indirect
-	k8s.io/streaming v0.36.2 // indirect
+	k8s.io/streaming v0.36.3 // indirect
 	k8s.io/utils v0.0.0-20260210185600-b8788abfbbc2 // indirect
 	sigs.k8s.io/apiserver-network-proxy/konnectivity-client v0.34.0 // indirect
 	sigs.k8s.io/json v0.0.0-20250730193827-2d320260d730 // indirect
@@ -191,44 +191,44 @@ require (
 	sigs.k8s.io/kustomize/kustomize/v5 v5.8.1 // indirect
 	sigs.k8s.io/kustomize/kyaml v0.21.1 // indirect
 	sigs.k8s.io/randfill v1.0.0 // indirect
-	sigs.k8s.io/structured-merge-diff/v6 v6.3.2 // indirect
+	sigs.k8s.io/structured-merge-diff/v6 v6.3.3 // indirect
 	sigs.k8s.io/yaml v1.6.0 // indirect
 )
 
 // k8s.io/kubernetes requires its staging modules at v0.0.0 and replaces them with ./staging;
 // outside its tree they resolve to their published tags for the same release.
 replace (
-	k8s.io/api => k8s.io/api v0.36.2
-	k8s.io/apiextensions-apiserver => k8s.io/apiextensions-apiserver v0.36.2
-	k8s.io/apimachinery => k8s.io/apimachinery v0.36.2
-	k8s.io/apiserver => k8s.io/apiserver v0.36.2
-	k8s.io/cli-runtime => k8s.io/cli-runtime v0.36.2
-	k8s.io/client-go => k8s.io/client-go v0.36.2
-	k8s.io/cloud-provider => k8s.io/cloud-provider v0.36.2
-	k8s.io/cluster-bootstrap => k8s.io/cluster-bootstrap v0.36.2
-	k8s.io/code-generator => k8s.io/code-generator v0.36.2
-	k8s.io/component-base => k8s.io/component-base v0.36.2
-	k8s.io/component-helpers => k8s.io/component-helpers v0.36.2
-	k8s.io/controller-manager => k8s.io/controller-manager v0.36.2
-	k8s.io/cri-api => k8s.io/cri-api v0.36.2
-	k8s.io/cri-client => k8s.io/cri-client v0.36.2
-	k8s.io/cri-streaming => k8s.io/cri-streaming v0.36.2
-	k8s.io/csi-translation-lib => k8s.io/csi-translation-lib v0.36.2
-	k8s.io/dynamic-resource-allocation => k8s.io/dynamic-resource-allocation v0.36.2
-	k8s.io/endpointslice => k8s.io/endpointslice v0.36.2
-	k8s.io/externaljwt => k8s.io/externaljwt v0.36.2
-	k8s.io/kms => k8s.io/kms v0.36.2
-	k8s.io/kube-aggregator => k8s.io/kube-aggregator v0.36.2
-	k8s.io/kube-controller-manager => k8s.io/kube-controller-manager v0.36.2
-	k8s.io/kube-proxy => k8s.io/kube-proxy v0.36.2
-	k8s.io/kube-scheduler => k8s.io/kube-scheduler v0.36.2
-	k8s.io/kubectl => k8s.io/kubectl v0.36.2
-	k8s.io/kubelet => k8s.io/kubelet v0.36.2
-	k8s.io/metrics => k8s.io/metrics v0.36.2
-	k8s.io/mount-utils => k8s.io/mount-utils v0.36.2
-	k8s.io/pod-security-admission => k8s.io/pod-security-admission v0.36.2
-	k8s.io/sample-apiserver => k8s.io/sample-apiserver v0.36.2
-	k8s.io/sample-cli-plugin => k8s.io/sample-cli-plugin v0.36.2
-	k8s.io/sample-controller => k8s.io/sample-controller v0.36.2
-	k8s.io/streaming => k8s.io/streaming v0.36.2
+	k8s.io/api => k8s.io/api v0.36.3
+	k8s.io/apiextensions-apiserver => k8s.io/apiextensions-apiserver v0.36.3
+	k8s.io/apimachinery => k8s.io/apimachinery v0.36.3
+	k8s.io/apiserver => k8s.io/apiserver v0.36.3
+	k8s.io/cli-runtime => k8s.io/cli-runtime v0.36.3
+	k8s.io/client-go => k8s.io/client-go v0.36.3
+	k8s.io/cloud-provider => k8s.io/cloud-provider v0.36.3
+	k8s.io/cluster-bootstrap => k8s.io/cluster-bootstrap v0.36.3
+	k8s.io/code-generator => k8s.io/code-generator v0.36.3
+	k8s.io/component-base => k8s.io/component-base v0.36.3
+	k8s.io/component-helpers => k8s.io/component-helpers v0.36.3
+	k8s.io/controller-manager => k8s.io/controller-manager v0.36.3
+	k8s.io/cri-api => k8s.io/cri-api v0.36.3
+	k8s.io/cri-client => k8s.io/cri-client v0.36.3
+	k8s.io/cri-streaming => k8s.io/cri-streaming v0.36.3
+	k8s.io/csi-translation-lib => k8s.io/csi-translation-lib v0.36.3
+	k8s.io/dynamic-resource-allocation => k8s.io/dynamic-resource-allocation v0.36.3
+	k8s.io/endpointslice => k8s.io/endpointslice v0.36.3
+	k8s.io/externaljwt => k8s.io/externaljwt v0.36.3
+	k8s.io/kms => k8s.io/kms v0.36.3
+	k8s.io/kube-aggregator => k8s.io/kube-aggregator v0.36.3
+	k8s.io/kube-controller-manager => k8s.io/kube-controller-manager v0.36.3
+	k8s.io/kube-proxy => k8s.io/kube-proxy v0.36.3
+	k8s.io/kube-scheduler => k8s.io/kube-scheduler v0.36.3
+	k8s.io/kubectl => k8s.io/kubectl v0.36.3
+	k8s.io/kubelet => k8s.io/kubelet v0.36.3
+	k8s.io/metrics => k8s.io/metrics v0.36.3
+	k8s.io/mount-utils => k8s.io/mount-utils v0.36.3
+	k8s.io/pod-security-admission => k8s.io/pod-security-admission v0.36.3
+	k8s.io/sample-apiserver => k8s.io/sample-apiserver v0.36.3
+	k8s.io/sample-cli-plugin => k8s.io/sample-cli-plugin v0.36.3
+	k8s.io/sample-controller => k8s.io/sample-controller v0.36.3
+	k8s.io/streaming => k8s.io/streaming v0.36.3
 )
