@@ -16,7 +16,7 @@ top=$PWD
 t0=$SECONDS
 hack/simnvml/build.sh _out/subroot-debian _out/subroot-sim || exit 1
 _out/bin/extension -out _out -name nvidia-driver-dev-sim -payload _out/subroot-sim >/dev/null || exit 1
-[[ -x _out/bin/harness ]] || CGO_ENABLED=0 go build -trimpath -ldflags "-s -w" -o _out/bin/harness ./hack/harness || exit 1
+CGO_ENABLED=0 go build -trimpath -ldflags "-s -w" -o _out/bin/harness ./hack/harness || exit 1
 echo "sim-run: built in $((SECONDS - t0)) s"
 PATH=$top/_out/k8s-node/bin:$PATH _out/bin/harness -extension _out/extensions/nvidia-driver-dev-sim \
 	-before-boot "$top/hack/k8s-node/sim-node.sh" \

@@ -55,13 +55,15 @@ else
 fi
 echo "  allocatable: $(jp node "$K8S_NODE" -o 'jsonpath={.status.allocatable}')"
 plugin=$(jp -n $ns pod -l app.kubernetes.io/name=nvidia-device-plugin -o 'jsonpath={.items[0].metadata.name}')
-kubectl -n $ns logs "$plugin" -c nvidia-device-plugin-ctr 2>&1 | sed 's/^/  plugin: /' | head -40
+kubectl -n $ns logs "$plugin" -c nvidia-device-plugin-ctr >"$K8S_NODE_DIR/logs/device-plugin.log" 2>&1
+grep -E 'Retrieved|Registered|Starting|simnvml:' "$K8S_NODE_DIR/logs/device-plugin.log" | sed 's/^/  plugin: /' | head -20
 
-# --- a pod asking for 2 GPUs: the device nodes it sees
-kubectl apply -f - >/dev/null <<EOF
+# --- a pod asking for 2 GPUs, and one asking for none: the device nodes each sees
+pod() { # NAME GPUS
+	kubectl apply -f - 2>&1 >/dev/null <<EOF | grep -v '^Warning: would violate PodSecurity'
 apiVersion: v1
 kind: Pod
-metadata: {name: gpu-two}
+metadata: {name: $1}
 spec:
   restartPolicy: Never
   tolerations: [{key: nvidia.com/gpu, operator: Exists, effect: NoSchedule}]
@@ -70,10 +72,17 @@ spec:
     image: $img
     imagePullPolicy: Never
     command: ["/bin/sh", "-c", "ls /dev | grep nvidia | sort | tr '\\\\n' ' '; echo"]
-    resources: {limits: {nvidia.com/gpu: 2}}
+    resources: {limits: {nvidia.com/gpu: $2}}
 EOF
+}
 phase() { jp pod "$1" -o 'jsonpath={.status.phase}'; }
+pod gpu-two 2
+pod gpu-none 0
 until_true 90 'case $(phase gpu-two) in Succeeded|Failed) true;; *) false;; esac'
+until_true 60 'case $(phase gpu-none) in Succeeded|Failed) true;; *) false;; esac'
+none=$(kubectl logs gpu-none 2>&1)
+echo "  gpu-none: phase $(phase gpu-none); its /dev: $none"
+check "gpu-none (no GPU asked) Succeeded and saw no nvidia device node" test "$(phase gpu-none)" = Succeeded -a -z "$(tr -d ' ' <<<"$none")"
 seen=$(kubectl logs gpu-two 2>&1)
 echo "  gpu-two: phase $(phase gpu-two); its /dev: $seen"
 [[ $(phase gpu-two) == Succeeded ]] || kubectl describe pod gpu-two | sed -n '/^Events:/,$p' | tail -8
@@ -83,9 +92,9 @@ want=$(python3 - "$uid" <<'EOF'
 import json, sys
 cp = json.load(open("/var/lib/kubelet/device-plugins/kubelet_internal_checkpoint"))
 ids = []
-for e in cp["Data"]["PodDeviceEntries"]:
+for e in cp["Data"]["PodDeviceEntries"] or []:
     if e["PodUID"] == sys.argv[1] and e["ResourceName"] == "nvidia.com/gpu":
-        for numa, devs in e["DeviceIDs"].items():
+        for numa, devs in (e.get("DeviceIDs") or {}).items():
             ids += devs
 print(" ".join(sorted("nvidia%d" % int(u[-12:], 16) for u in ids)))
 EOF
@@ -98,8 +107,7 @@ check "gpu-two saw the control nodes nvidiactl, nvidia-uvm" grep -q 'nvidiactl.*
 # --- the service's own spec, through containerd's CDI injection
 spec=/run/cdi/nvidia.yaml
 if [[ -f $spec ]]; then
-	out=$(ctr -n k8s.io run --rm --device nvidia.com/gpu=3 "docker.io/$img" sim-cdi /bin/sh -c 'ls /dev | grep nvidia | sort | tr "\n" " "' 2>&1 ||
-		ctr -n k8s.io run --rm --device nvidia.com/gpu=3 "$img" sim-cdi /bin/sh -c 'ls /dev | grep nvidia | sort | tr "\n" " "' 2>&1)
+	out=$(ctr -n k8s.io run --rm --device nvidia.com/gpu=3 "docker.io/$img" sim-cdi /bin/sh -c 'ls /dev | grep nvidia | sort | tr "\n" " "' 2>"$K8S_NODE_DIR/logs/ctr-run.log")
 	echo "  ctr run --device nvidia.com/gpu=3 (the service's $spec): its /dev: $out"
 	got=$(tr ' ' '\n' <<<"$out" | grep -E '^nvidia[0-9]+$' | tr '\n' ' ' | sed 's/ $//')
 	check "a container with nvidia.com/gpu=3 from the service's spec saw exactly /dev/nvidia3 ($got)" test "$got" = nvidia3

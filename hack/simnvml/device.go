@@ -512,3 +512,39 @@ func nvmlDeviceGetGraphicsRunningProcesses_v3(h unsafe.Pointer, count *C.uint, i
 func nvmlDeviceGetMPSComputeRunningProcesses_v3(h unsafe.Pointer, count *C.uint, infos unsafe.Pointer) C.int {
 	return processes(h, count, infos, none)
 }
+
+// nvmlDeviceGetTopologyCommonAncestor: NVIDIA's device plugin asks it of every pair of GPUs
+// for its preferred allocation (go-gpuallocator internal/links). The simulated board's PCIe
+// tree is a simple one, not read from a real board: GPUs 0-3 under one CPU socket and 4-7
+// under the other (NODE within a socket, SYSTEM across); NVLink is not reported (the
+// allocator takes NVML_ERROR_NOT_SUPPORTED there as no link).
+//
+//export nvmlDeviceGetTopologyCommonAncestor
+func nvmlDeviceGetTopologyCommonAncestor(h1, h2 unsafe.Pointer, level *C.uint) C.int {
+	if level == nil {
+		return retInvalid
+	}
+
+	return withNode(false, func(n *sim.Node) C.int {
+		_, k1, ret := device(n, h1)
+		if ret != retSuccess {
+			return ret
+		}
+
+		_, k2, ret := device(n, h2)
+		if ret != retSuccess {
+			return ret
+		}
+
+		switch {
+		case k1.gpu == k2.gpu:
+			*level = C.uint(nvml.TOPOLOGY_INTERNAL)
+		case k1.gpu/4 == k2.gpu/4:
+			*level = C.uint(nvml.TOPOLOGY_NODE)
+		default:
+			*level = C.uint(nvml.TOPOLOGY_SYSTEM)
+		}
+
+		return retSuccess
+	})
+}
