@@ -9,6 +9,7 @@
 #   make flavors    re-render the generated release recipes (vars.yaml, flavors/, stages/nvidia-userspace-*)
 #   make release-image  one flavor's release image with docker buildx and bldr (FLAVOR, TALOS_VERSION, IMAGE)
 #   make test-k8s-node  deploy/ on a real one-node Kubernetes cluster (hack/k8s-node), no GPU; part of make test
+#   make test-k8s-sim   the same node with 8 simulated GPUs (hack/simnvml) and NVIDIA's device plugin; part of make test
 #   make talos-node     the extension on a real Talos v1.13.9 node (hack/talos-node), no GPU; not part of make test
 
 SHELL := /bin/bash
@@ -63,6 +64,7 @@ test: deps build lint
 	go test -count=1 ./...
 	cd hack/consumers && go test -count=1 ./...
 	$(MAKE) test-k8s-node
+	$(MAKE) test-k8s-sim
 
 lint:
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt would change:"; echo "$$out"; exit 1; fi

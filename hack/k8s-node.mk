@@ -1,6 +1,6 @@
 # The one-node Kubernetes test cluster (hack/k8s-node). The top-level Makefile includes this file.
 
-.PHONY: k8s-node test-k8s-node
+.PHONY: k8s-node test-k8s-node test-k8s-sim
 
 # kubelet, control plane, kubectl, etcd, containerd, runc and CNI plugins at Talos v1.13.9's
 # versions, built from their Go modules, and the node's images (pause, device plugin, NFD, base),
@@ -15,3 +15,10 @@ k8s-node:
 # file turned into the Node's labels by Node Feature Discovery v0.18.2 (hack/k8s-node/test-cpu.sh).
 test-k8s-node: k8s-node
 	hack/k8s-node/cluster.sh -- hack/k8s-node/test-cpu.sh
+
+# The simulated GPU node: NVIDIA's device plugin from deploy/ on the real kubelet and
+# containerd, the service's product build on 8 simulated H100s with NVSwitches, NVML being the
+# project's own libnvidia-ml (hack/simnvml); pods get GPUs' device nodes through CDI
+# (hack/k8s-node/sim-run.sh, test-sim.sh; docs/simulated-node.md).
+test-k8s-sim: k8s-node build
+	hack/k8s-node/sim-run.sh

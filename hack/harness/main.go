@@ -58,6 +58,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 	until := fs.String("until", "waiting,ready,failed", "service phases to wait for before SIGTERM")
 	wait := fs.Duration("wait", 60*time.Second, "longest wait for -until")
 	hold := fs.Duration("hold", 3*time.Second, "watch the service this long after -until before stopping it")
+	afterPhases := fs.String("after-ready-phases", "ready", "the service phases in which -after-ready runs")
+	beforeBoot := fs.String("before-boot", "", "shell command to run on the node once the extension is laid, before the service starts (e.g. hack/k8s-node/sim-node.sh)")
 	afterReady := fs.String("after-ready", "", "shell command to run while the service is ready (e.g. hack/e2e-workload.sh)")
 	docAfter := fs.Duration("document-after", 0, "boot without the ExtensionServiceConfig and add it this long after the service started")
 	then := fs.String("then", "", "once -until and -hold are over: restart (stop and start the service), change (apply -then-env as a change of the document) or remove (delete the document); then wait for -until again and stop")
@@ -117,7 +119,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 
 	res, err := harness.Run(harness.Options{
 		Extension: *ext, Document: doc, DocumentAfter: *docAfter, Until: strings.Split(*until, ","),
-		Wait: *wait, Hold: *hold, Then: *then, ThenDocument: &harness.Document{Environment: thenEnv}, Overrides: over, AfterReady: *afterReady, Changes: *changes, ChangeEvery: *changeEvery,
+		Wait: *wait, Hold: *hold, Then: *then, ThenDocument: &harness.Document{Environment: thenEnv}, Overrides: over, AfterReady: *afterReady, BeforeBoot: *beforeBoot, AfterPhases: strings.Split(*afterPhases, ","), Changes: *changes, ChangeEvery: *changeEvery,
 		Work: os.Getenv(envInside), Runc: runcPath, Log: stderr,
 	})
 	if err != nil {
@@ -161,7 +163,7 @@ func checkResult(res harness.Result, until []string, afterReady bool) []string {
 
 	switch {
 	case afterReady && res.AfterReadyExit == nil:
-		out = append(out, "the -after-ready command did not run: the service never got ready")
+		out = append(out, "the -after-ready command did not run: the service never reached a phase it runs in")
 	case afterReady && *res.AfterReadyExit != 0:
 		out = append(out, fmt.Sprintf("the -after-ready command exited %d", *res.AfterReadyExit))
 	}

@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"time"
 
@@ -57,7 +58,16 @@ type Options struct {
 	// ChangeEvery is the wait before each change: the workload gets going before the first.
 	ChangeEvery time.Duration
 
-	callerDir string // the caller's working directory, for AfterReady
+	// AfterPhases are the phases in which AfterReady runs; empty: ready alone. (A simulated
+	// NVSwitch board without a fabric manager is degraded, and serves its GPUs.)
+	AfterPhases []string
+	// BeforeBoot, when set, is a shell command run on the node once the extension is laid and
+	// before the service starts, as a node loads its kernel modules before extension
+	// services start (e.g. hack/k8s-node/sim-node.sh: a simulated GPU node's driver state and
+	// /proc files). Its failure is the harness's.
+	BeforeBoot string
+
+	callerDir string // the caller's working directory, for AfterReady and BeforeBoot
 }
 
 // Result is what the host side saw.
@@ -237,6 +247,16 @@ func Run(o Options) (Result, error) {
 		bootDoc = nil
 	}
 
+	if o.BeforeBoot != "" {
+		cmd := exec.Command("bash", "-c", o.BeforeBoot)
+		cmd.Stdout, cmd.Stderr, cmd.Dir = o.Log, o.Log, o.callerDir
+		cmd.Env = append(os.Environ(), "HARNESS_HOST_ROOT="+HostRootDir(o.Work))
+
+		if err := cmd.Run(); err != nil {
+			return res, fmt.Errorf("the -before-boot command %q: %w", o.BeforeBoot, err)
+		}
+	}
+
 	if err := node.boot(bootDoc); err != nil {
 		return res, err
 	}
@@ -267,7 +287,12 @@ func Run(o Options) (Result, error) {
 
 	res.ContainerRun = node.containerRun()
 
-	if o.AfterReady != "" && res.Phase == "ready" {
+	afterPhases := o.AfterPhases
+	if len(afterPhases) == 0 {
+		afterPhases = []string{"ready"}
+	}
+
+	if o.AfterReady != "" && slices.Contains(afterPhases, res.Phase) {
 		code, phases, err := afterReady(node, h, o)
 		if err != nil {
 			return res, err

@@ -496,3 +496,22 @@ func TestDocumentChangesWhileAWorkloadRuns(t *testing.T) {
 	require.NotNil(t, res.AfterReadyExit)
 	assert.Equal(t, 0, *res.AfterReadyExit)
 }
+
+// TestBeforeBootRunsBeforeTheService: the -before-boot command runs on the node before the
+// service starts (what it writes is there when the service is ready), and -after-ready-phases
+// names the phases the -after-ready command runs in.
+func TestBeforeBootRunsBeforeTheService(t *testing.T) {
+	args := simulated("-env", "NVIDIA_DRIVER_PERSISTENCED=false", "-until", "ready", "-wait", "30s", "-hold", "0s",
+		"-before-boot", "echo booted >/run/before-boot",
+		"-after-ready", "grep -q booted /run/before-boot")
+
+	res, code := runExit(t, "", args...)
+	require.Equal(t, "ready", res.Phase, res.Log)
+	require.NotNil(t, res.AfterReadyExit)
+	assert.Equal(t, 0, *res.AfterReadyExit, "the -before-boot command's file was there")
+	assert.Equal(t, 0, code)
+
+	res, code = runExit(t, "", append(args, "-after-ready-phases", "degraded")...)
+	assert.Nil(t, res.AfterReadyExit, "not run in phase %s", res.Phase)
+	assert.Equal(t, 3, code, "an -after-ready command that never ran fails the harness")
+}

@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Builds the simulated libnvidia-ml (hack/simnvml) and a subroot that carries it in place of
+# NVIDIA's: a copy of SUBROOT (default _out/subroot-debian, `make subroot`) whose
+# libnvidia-ml.so.<version> is this library under the same name, so that the driver version
+# (read from that name by pkg/driverroot, reported by NVML, used by nvcdi to find the other
+# libraries) stays the subroot's. Also builds the node tool (hack/simnvml/node).
+#
+#   hack/simnvml/build.sh [SUBROOT [OUT]]      OUT default _out/subroot-sim
+set -euo pipefail
+top=$(cd "$(dirname "$0")/../.." && pwd)
+src=${1:-$top/_out/subroot-debian}
+out=${2:-$top/_out/subroot-sim}
+cd "$top"
+export CGO_ENABLED=1 CGO_CFLAGS="${CGO_CFLAGS:--O2 -Wno-deprecated-declarations}"
+go build -trimpath -buildmode=c-shared -ldflags '-s -w' -o _out/simnvml/libnvidia-ml.so ./hack/simnvml
+go build -trimpath -ldflags '-s -w' -o _out/bin/simnvml-node ./hack/simnvml/node
+real=$(basename "$(readlink -f "$src/usr/lib64/libnvidia-ml.so.1")")
+[[ $real == libnvidia-ml.so.* ]] || { echo "simnvml: $src has no libnvidia-ml.so.1" >&2; exit 1; }
+rm -rf "$out.new"
+cp -a "$src" "$out.new"
+chmod u+w "$out.new/usr/lib64"
+install -m 0755 _out/simnvml/libnvidia-ml.so "$out.new/usr/lib64/$real"
+echo "simnvml $(cat "$src/usr/share/nvidia-driver/source" 2>/dev/null)" | (chmod u+w "$out.new/usr/share/nvidia-driver" "$out.new/usr/share/nvidia-driver/source" && cat >"$out.new/usr/share/nvidia-driver/source")
+chmod -R go-w "$out.new"
+rm -rf "$out"
+mv "$out.new" "$out"
+echo "simnvml: $out (libnvidia-ml: $real is hack/simnvml)" >&2
