@@ -90,7 +90,7 @@ func TestRecipeTreeLoads(t *testing.T) {
 	rs := releases(t)
 
 	flavors := recipes.Flavors()
-	want := []string{"base", "nvidia-driver-binaries", "nvidia-driver-glibc", "nvidia-userspace-lts", "nvidia-userspace-production"}
+	want := []string{"base", "nvidia-driver-binaries", "nvidia-driver-glibc", "nvidia-driver-scripts", "nvidia-userspace-lts", "nvidia-userspace-production"}
 	attached := map[string]string{}
 
 	for _, f := range flavors {
