@@ -221,6 +221,11 @@ func flavor(t *testing.T, top string, p *recipes.Pkg, f recipes.Flavor, r recipe
 
 	require.NoError(t, runStage(t, root, p, map[string]string{"NVIDIA_DRIVER_VERSION": version}))
 
+	// The no-registry route, once a release (the default flavor: the route is the same).
+	if f.Name == recipes.Flavors()[0].Name {
+		tarRoute(t, root, p, r.Talos)
+	}
+
 	args, err := os.ReadFile(filepath.Join(root, "tmp/extensions-validator.args"))
 	require.NoError(t, err)
 	assert.Equal(t, "validate --rootfs=/tmp/extension --pkg-name="+f.Name+"\n", string(args))
