@@ -27,7 +27,7 @@ GO_LDFLAGS := -s -w -X main.version=$(VERSION)
 HOOK_PKG := github.com/NVIDIA/nvidia-container-toolkit/cmd/nvidia-cdi-hook
 SUBROOT := $(OUT)/subroot-debian
 
-.PHONY: all build binaries release-image subroot test lint demo deps clean e2e-tools e2e-gpu extension harness flavors
+.PHONY: all build binaries binaries-arm64 test-arm64 release-image subroot test lint demo deps clean e2e-tools e2e-gpu extension harness flavors
 
 all: build
 
@@ -48,6 +48,34 @@ binaries:
 	rm -rf $(OUT)/containers/nvidia-fabricmanager
 	cp -a $(OUT)/containers/nvidia-driver $(OUT)/containers/nvidia-fabricmanager
 
+# arm64 (DGX Spark, GH200, GB200): the service and the CDI hook cross-built with Debian's
+# gcc-aarch64-linux-gnu (cgo), into $(OUT)/arm64/bin. The hook's interpreter is the aarch64
+# loader's standard path inside the subroot; an arm64 subroot is not assembled yet.
+ARM64_ENV := GOARCH=arm64 CC=aarch64-linux-gnu-gcc
+binaries-arm64:
+	$(ARM64_ENV) go build -trimpath -ldflags '$(GO_LDFLAGS)' -o $(OUT)/arm64/bin/nvidia-driver ./service
+	$(ARM64_ENV) go build -trimpath -o $(OUT)/arm64/bin/nvidia-cdi-hook \
+	  -ldflags "-s -w -linkmode external -extldflags '-Wl,--dynamic-linker=$(GLIBC_ROOT)/lib/ld-linux-aarch64.so.1 -Wl,-rpath,$(GLIBC_ROOT)/usr/lib64'" \
+	  $(HOOK_PKG)
+
+# The service's CPU tests as arm64 binaries under qemu-user (qemu-aarch64-static, Debian's
+# arm64 glibc from libc6-dev-arm64-cross). Left out: packages whose tests execute other
+# programs they build (nvmljobs re-runs its own test binary, fabricmanager, daemons, node and
+# cdi start fake daemons or the service) or those of the build machine (driverroot,
+# extension, gpu, service): without binfmt_misc, which this machine does not mount and which
+# is the kernel's, not a test's, to change, an arm64 program run directly fails with "exec
+# format error"; and memory, whose page accounting is qemu's, not the program's.
+ARM64_QEMU := qemu-aarch64-static -L /usr/aarch64-linux-gnu
+ARM64_CPU_TESTS := ./pkg/atomicfile ./pkg/config ./pkg/devnodes ./pkg/document ./pkg/gpu/models ./pkg/gpu/sim \
+  ./pkg/mig/... ./pkg/nfd ./pkg/nvswitch ./pkg/ociimage
+test-arm64: binaries-arm64
+	@file $(OUT)/arm64/bin/nvidia-driver | grep -q 'ARM aarch64' || { echo "$(OUT)/arm64/bin/nvidia-driver is not an arm64 program"; exit 1; }
+	@file $(OUT)/arm64/bin/nvidia-cdi-hook | grep -q 'interpreter $(GLIBC_ROOT)/lib/ld-linux-aarch64.so.1' || { echo "nvidia-cdi-hook: not the subroot's aarch64 loader"; exit 1; }
+	$(ARM64_QEMU) $(OUT)/arm64/bin/nvidia-driver version
+	$(ARM64_QEMU) $(OUT)/arm64/bin/nvidia-driver check-root $(SUBROOT)
+	$(ARM64_QEMU) $(OUT)/arm64/bin/nvidia-driver mig plan --gpu h100-80gb --select all-1g >/dev/null
+	$(ARM64_ENV) go test -count=1 -exec '$(ARM64_QEMU)' $(ARM64_CPU_TESTS)
+
 # The development subroot, from Debian's non-free packages (the tests' and the demo's fixture).
 subroot: $(SUBROOT)
 $(SUBROOT):
@@ -60,9 +88,13 @@ deps:
 
 # hack/consumers is a module of its own (NVIDIA's device plugin at its own dependency
 # versions, and the e2e's pod-to-OCI translation): vetted and tested from its directory.
+# hack/talos114 too: the product's validators built with Talos 1.14's machinery (the
+# product's go.mod stays on 1.13's).
 test: deps build lint
 	go test -count=1 ./...
 	cd hack/consumers && go test -count=1 ./...
+	cd hack/talos114 && go test -count=1 ./...
+	$(MAKE) test-arm64
 	$(MAKE) test-k8s-node
 	$(MAKE) test-k8s-sim
 
@@ -71,6 +103,7 @@ lint:
 	go vet ./...
 	go vet -tags simulate ./service
 	cd hack/consumers && go vet ./...
+	cd hack/talos114 && go vet ./...
 	cd hack/k8s-node/runtime && go vet ./...
 
 # EXTENSION_FLAGS: e.g. -name nvidia-driver-dev-host -payload _out/subroot-host (see hack/extension).

@@ -30,14 +30,14 @@ func run() int {
 	root := flag.String("root", ".", "repository root")
 	flag.Parse()
 
-	releases, err := recipes.LoadReleases(filepath.Join(*root, "hack", "gen-flavors", "releases"))
+	releases, missing, err := recipes.LoadReleases(filepath.Join(*root, "hack", "gen-flavors", "releases"))
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "gen-flavors:", err)
 
 		return 1
 	}
 
-	files, err := recipes.Generate(releases)
+	files, err := recipes.Generate(releases, missing)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "gen-flavors:", err)
 

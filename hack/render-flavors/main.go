@@ -54,7 +54,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 }
 
 func render(log *slog.Logger, root, out, dir string, stdout io.Writer) error {
-	releases, err := recipes.LoadReleases(filepath.Join(root, "hack", "gen-flavors", "releases"))
+	releases, _, err := recipes.LoadReleases(filepath.Join(root, "hack", "gen-flavors", "releases"))
 	if err != nil {
 		return err
 	}

@@ -42,8 +42,9 @@ func (f Flavor) Upper() string { return strings.ToUpper(f.Branch) }
 // Generate renders the generated part of the recipe tree, by path relative to the
 // repository root: the root vars.yaml with every release's data (releases[0] is the
 // default), each flavor's pkg.yaml, vars.yaml and manifest.yaml.tmpl, and the userspace
-// stage of each branch.
-func Generate(releases []Release) (map[string][]byte, error) {
+// stage of each branch. A missing release (its machinery is known, siderolabs' files are
+// not vendored) gets a branch that fails the build naming it and what to add.
+func Generate(releases []Release, missing []Machinery) (map[string][]byte, error) {
 	tmpl, err := template.New("").Delims("[[", "]]").Funcs(template.FuncMap{"upper": strings.ToUpper}).ParseFS(templates, "templates/*.in")
 	if err != nil {
 		return nil, err
@@ -65,8 +66,9 @@ func Generate(releases []Release) (map[string][]byte, error) {
 	if err := exec(VarsYAMLName, "releases.vars.yaml.in", struct {
 		Default  Release
 		Releases []Release
+		Missing  []Machinery
 		Branches []string
-	}{releases[0], releases, Branches}); err != nil {
+	}{releases[0], releases, missing, Branches}); err != nil {
 		return nil, err
 	}
 

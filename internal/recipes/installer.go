@@ -21,11 +21,9 @@ var installerFlag = regexp.MustCompile(`--([a-z0-9-]+)(=(\S+))?`)
 // (from "nvidia-installer" to the end of its line continuations). vars are expanded as
 // ${NAME} in values.
 func ParseInstallerFlags(script string, vars map[string]string) (InstallerFlags, error) {
-	f := InstallerFlags{Options: map[string]string{}, Overrides: map[string]string{}}
-
 	_, cmd, ok := strings.Cut(script, "nvidia-installer ")
 	if !ok {
-		return f, fmt.Errorf("no nvidia-installer command in the script")
+		return InstallerFlags{}, fmt.Errorf("no nvidia-installer command in the script")
 	}
 
 	var lines []string
@@ -37,13 +35,30 @@ func ParseInstallerFlags(script string, vars map[string]string) (InstallerFlags,
 		}
 	}
 
-	for _, m := range installerFlag.FindAllStringSubmatch(strings.Join(lines, " "), -1) {
-		v := m[3]
+	var args []string
+
+	for _, a := range installerFlag.FindAllString(strings.Join(lines, " "), -1) {
 		for k, val := range vars {
-			v = strings.ReplaceAll(v, "${"+k+"}", val)
+			a = strings.ReplaceAll(a, "${"+k+"}", val)
 		}
 
-		if m[1] == "override-file-type-destination" {
+		args = append(args, a)
+	}
+
+	return ParseInstallerArgs(args)
+}
+
+// ParseInstallerArgs reads nvidia-installer's arguments as a process gets them.
+func ParseInstallerArgs(args []string) (InstallerFlags, error) {
+	f := InstallerFlags{Options: map[string]string{}, Overrides: map[string]string{}}
+
+	for _, a := range args {
+		name, v, _ := strings.Cut(strings.TrimPrefix(a, "--"), "=")
+		if !strings.HasPrefix(a, "--") || name == "" {
+			return f, fmt.Errorf("argument %q: want --name or --name=value", a)
+		}
+
+		if name == "override-file-type-destination" {
 			t, dir, ok := strings.Cut(v, ":")
 			if !ok {
 				return f, fmt.Errorf("--override-file-type-destination=%s: want TYPE:DIR", v)
@@ -54,7 +69,7 @@ func ParseInstallerFlags(script string, vars map[string]string) (InstallerFlags,
 			continue
 		}
 
-		f.Options[m[1]] = v
+		f.Options[name] = v
 	}
 
 	return f, nil

@@ -11,6 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/talos-nvidia/nvidia-driver/internal/recipes"
+	"github.com/talos-nvidia/nvidia-driver/internal/testutil"
 )
 
 // installerSource is NVIDIA's nvidia-installer at the newest 580 tag published as source:
@@ -66,8 +67,14 @@ func TestInstallerFilesStayInTheSubroot(t *testing.T) {
 
 			firmware := "/rootfs/usr/lib/firmware/nvidia/" + p.Vars["NVIDIA_DRIVER_"+strings.ToUpper(b)+"_VERSION"]
 
-			flags, err := recipes.ParseInstallerFlags(strings.Join(step.Install, "\n"), map[string]string{
-				"SUBROOT": subroot, "NVIDIA_DRIVER_VERSION": p.Vars["NVIDIA_DRIVER_"+strings.ToUpper(b)+"_VERSION"],
+			// The step runs the installer through the stage script.
+			require.Contains(t, step.Install, "/usr/libexec/nvidia-driver/userspace.sh install")
+
+			script, err := os.ReadFile(filepath.Join(testutil.RepoRoot(t), "stages", "scripts", "userspace.sh"))
+			require.NoError(t, err)
+
+			flags, err := recipes.ParseInstallerFlags(string(script), map[string]string{
+				"SUBROOT": subroot, "firmware": firmware,
 			})
 			require.NoError(t, err)
 
@@ -129,4 +136,43 @@ func within(dir, root string) bool {
 	rel, err := filepath.Rel(root, dir)
 
 	return err == nil && rel != ".." && !strings.HasPrefix(rel, "../")
+}
+
+// TestManifestModelKnowsEveryType: the MANIFEST parser's field table has exactly the
+// installer's file types.
+func TestManifestModelKnowsEveryType(t *testing.T) {
+	types, _ := readInstallerSource(t)
+	assert.ElementsMatch(t, types, recipes.ManifestFileTypes())
+}
+
+// TestParseManifest: entries as parse_manifest reads them, and its errors with their line.
+func TestParseManifest(t *testing.T) {
+	header := "NVIDIA driver\n580.119.02\n\nnvidia nvidia-uvm\n\n\n\n\n"
+
+	m, err := recipes.ParseManifest(strings.NewReader(header +
+		"libcuda.so.1 0000 CUDA_SYMLINK NATIVE / libcuda.so.580.119.02 MODULE:gpgpu\n" +
+		"firmware/gsp_ga10x.bin 0644 FIRMWARE INHERIT_PATH_DEPTH:1\n" +
+		"nvidia-smi 0755 UTILITY_BINARY\n\nignored after the empty line\n"))
+	require.NoError(t, err)
+	assert.Equal(t, "580.119.02", m.Version)
+	assert.Equal(t, []string{"nvidia", "nvidia-uvm"}, m.KernelModules)
+	assert.Equal(t, []recipes.ManifestEntry{
+		{File: "libcuda.so.1", Name: "libcuda.so.1", Mode: 0, Type: "CUDA_SYMLINK", Arch: "NATIVE", Path: "/", Target: "libcuda.so.580.119.02"},
+		{File: "firmware/gsp_ga10x.bin", Name: "gsp_ga10x.bin", Mode: 0o644, Type: "FIRMWARE", Path: ""},
+		{File: "nvidia-smi", Name: "nvidia-smi", Mode: 0o755, Type: "UTILITY_BINARY"},
+	}, m.Entries)
+
+	for line, want := range map[string]string{
+		"libcuda.so 0755 CUDA_LIB NATIVE\n":            "line 9: libcuda.so CUDA_LIB: no path",
+		"x 0755 NO_SUCH_TYPE\n":                        `line 9: x: unknown file type "NO_SUCH_TYPE"`,
+		"x 07z5 UTILITY_BINARY\n":                      `line 9: x: mode "07z5" is not octal`,
+		"libx.so 0755 UTILITY_LIB AMD64\n":             `line 9: libx.so: architecture "AMD64"`,
+		"gsp.bin 0644 FIRMWARE INHERIT_PATH_DEPTH:1\n": "line 9: gsp.bin: INHERIT_PATH_DEPTH:1, deeper than its directory",
+	} {
+		_, err := recipes.ParseManifest(strings.NewReader(header + line))
+		assert.ErrorContains(t, err, want, line)
+	}
+
+	_, err = recipes.ParseManifest(strings.NewReader("NVIDIA driver\n580\n"))
+	assert.ErrorContains(t, err, "line 3: want 8 header lines")
 }

@@ -386,30 +386,44 @@ func provenanceTag(path string) (string, error) {
 }
 
 // LoadReleases reads every release directory under dir, newest first, with each release's
-// machinery data downloaded through the go command.
-func LoadReleases(dir string) ([]Release, error) {
+// machinery data downloaded through the go command. A directory without siderolabs' files
+// (a README.md that names them) is a missing release: its machinery data only, so the
+// recipes can name it.
+func LoadReleases(dir string) (releases []Release, missing []Machinery, err error) {
 	names, err := ReleaseDirs(dir)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-
-	out := make([]Release, 0, len(names))
 
 	for _, n := range names {
 		m, err := DownloadMachinery(n)
 		if err != nil {
-			return nil, err
+			return nil, nil, err
+		}
+
+		if _, err := os.Stat(filepath.Join(dir, n, ExtensionsVarsFile)); errors.Is(err, os.ErrNotExist) {
+			if m.Tag != n {
+				return nil, nil, fmt.Errorf("%s: machinery gendata says Talos %s", filepath.Join(dir, n), m.Tag)
+			}
+
+			missing = append(missing, m)
+
+			continue
 		}
 
 		r, err := ReadRelease(filepath.Join(dir, n), m)
 		if err != nil {
-			return nil, err
+			return nil, nil, err
 		}
 
-		out = append(out, r)
+		releases = append(releases, r)
 	}
 
-	return out, nil
+	if len(releases) == 0 {
+		return nil, nil, fmt.Errorf("%s: no release with siderolabs' files", dir)
+	}
+
+	return releases, missing, nil
 }
 
 // Floor is the first release of r's minor line (v1.13.0 for v1.13.9): the lowest Talos

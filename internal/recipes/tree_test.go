@@ -29,10 +29,18 @@ import (
 func releases(t *testing.T) []recipes.Release {
 	t.Helper()
 
-	rs, err := recipes.LoadReleases(filepath.Join(testutil.RepoRoot(t), "hack", "gen-flavors", "releases"))
-	require.NoError(t, err)
+	rs, _ := loadReleases(t)
 
 	return rs
+}
+
+func loadReleases(t *testing.T) ([]recipes.Release, []recipes.Machinery) {
+	t.Helper()
+
+	rs, missing, err := recipes.LoadReleases(filepath.Join(testutil.RepoRoot(t), "hack", "gen-flavors", "releases"))
+	require.NoError(t, err)
+
+	return rs, missing
 }
 
 // TestRecipesAreCurrent re-renders the generated recipes from the release data and compares
@@ -41,11 +49,11 @@ func releases(t *testing.T) []recipes.Release {
 // other driver versions in its vendored files) fails here.
 func TestRecipesAreCurrent(t *testing.T) {
 	top := testutil.RepoRoot(t)
-	rs := releases(t)
+	rs, missing := loadReleases(t)
 
 	assert.Equal(t, "v1.13.9", rs[0].Talos, "the newest Talos 1.13 patch is the default")
 
-	files, err := recipes.Generate(rs)
+	files, err := recipes.Generate(rs, missing)
 	require.NoError(t, err)
 
 	for rel, want := range files {
@@ -90,7 +98,7 @@ func TestRecipeTreeLoads(t *testing.T) {
 	rs := releases(t)
 
 	flavors := recipes.Flavors()
-	want := []string{"base", "nvidia-driver-binaries", "nvidia-driver-glibc", "nvidia-userspace-lts", "nvidia-userspace-production"}
+	want := []string{"base", "nvidia-driver-binaries", "nvidia-driver-glibc", "nvidia-driver-scripts", "nvidia-userspace-lts", "nvidia-userspace-production"}
 	attached := map[string]string{}
 
 	for _, f := range flavors {
@@ -278,7 +286,9 @@ func TestReleaseDataIsEnforced(t *testing.T) {
 		args map[string]string
 		want string
 	}{
-		{map[string]string{"TALOS_VERSION": "v1.14.1"}, "Talos v1.14.1: no release data here; supported: v1.13.9 v1.13.5"},
+		{map[string]string{"TALOS_VERSION": "v1.14.2"}, "Talos v1.14.2: no release data here; supported: v1.13.9 v1.13.5"},
+		// machinery known, siderolabs' files missing: named, with what to add
+		{map[string]string{"TALOS_VERSION": "v1.14.1"}, "Talos v1.14.1 (pkgs v1.14.0-25-gf694e1b, tools v1.14.0-7-ga404efb, kernel 6.18.51-talos): siderolabs' release data is not vendored: add the files that hack/gen-flavors/releases/v1.14.1/README.md names"},
 		{map[string]string{"PKGS": "v1.13.0-36-g6b315f7"}, "--build-arg PKGS=v1.13.0-36-g6b315f7, but Talos v1.13.9 is built from pkgs " + rs[0].Pkgs},
 	} {
 		_, err := recipes.Load(testutil.RepoRoot(t), recipes.Options{BuildArgs: tc.args})
