@@ -16,6 +16,9 @@
 # puts the GPU's compute mode back to DEFAULT (checked). Prints PASS/FAIL and MEASURE lines;
 # exits non-zero on a failure.
 set -uo pipefail
+# nvidia-smi from the driver root, with the subroot's loader and libraries: this runs inside
+# the harness's Talos-shaped root (gpu-run.sh), where the host's own nvidia-smi is not.
+smi() { /run/nvidia/driver/lib64/ld-linux-x86-64.so.2 --library-path /run/nvidia/driver/usr/lib64 /run/nvidia/driver/usr/bin/nvidia-smi "$@"; }
 here=$(cd "$(dirname "$0")" && pwd)
 top=$(cd "$here/../.." && pwd)
 fail=0
@@ -117,7 +120,7 @@ b_then=$(phase mps-b)
 until_true 120 'finished mps-b'
 keep_logs mps-a mps-b
 limit=$(sed -n 's/^memlimit: cudaMemGetInfo free [0-9]* MiB of \([0-9]*\) MiB$/\1/p' "$logs/mps-b.log")
-echo "MEASURE mps: memory a client sees: ${limit:-?} MiB (the GPU: $(nvidia-smi --query-gpu=memory.total --format=csv,noheader 2>/dev/null))"
+echo "MEASURE mps: memory a client sees: ${limit:-?} MiB (the GPU: $(smi --query-gpu=memory.total --format=csv,noheader 2>/dev/null))"
 check "mps-a, past its limit (80 GiB on top of 4 GiB, the limit half the GPU), failed the allocation and the pod" \
 	sh -c "grep -q 'cudaMalloc 80 GiB: failed' $logs/mps-a.log && test $(phase mps-a) = Failed"
 check "mps-b kept running while mps-a failed ($b_then), then Succeeded with its memory and vector add right" \
@@ -129,7 +132,7 @@ kubectl delete pod mps-a mps-b --wait=true >/dev/null
 label none
 until_true 180 'test "$(alloc)" = 1'
 check "back to config none: nvidia.com/gpu: 1 allocatable" test "$(alloc)" = 1
-mode() { nvidia-smi --query-gpu=compute_mode --format=csv,noheader 2>/dev/null; }
+mode() { smi --query-gpu=compute_mode --format=csv,noheader 2>/dev/null; }
 until_true 60 'test "$(mode)" = Default'
 check "the GPU's compute mode is Default again ($(mode))" test "$(mode)" = Default
 kubectl get pods -A -o wide >"$logs/pods.txt" 2>&1

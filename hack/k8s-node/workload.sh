@@ -15,7 +15,8 @@ workload_image() {
 		"$nvcc" -O2 -arch=sm_90 -o "$r/usr/bin/$p" "$(dirname "${BASH_SOURCE[0]}")/workload/$p.cu" 2>"$logs/nvcc-$p.log" ||
 			{ echo "workload: nvcc $p: $(tail -3 "$logs/nvcc-$p.log")" >&2; return 1; }
 	done
-	for l in $(ldd "$r/usr/bin/vecadd" "$r/usr/bin/memlimit" | grep -o '/[^ ]*' | sort -u); do
+	# (ldd of two files heads each list with "FILE:", which is not a library)
+	for l in $(ldd "$r/usr/bin/vecadd" "$r/usr/bin/memlimit" | grep -v ':$' | grep -o '/[^ ]*' | sort -u); do
 		mkdir -p "$r$(dirname "$l")" && cp -L "$l" "$r$l"
 	done
 	libc=$(ldd "$r/usr/bin/vecadd" | grep -o '/[^ ]*/libc\.so\.6')

@@ -7,6 +7,9 @@
 #                                (rootfs-base, then the container-mode rootfs-base stage) lays it
 #                                out: machined at /usr/bin/init, containerd 2.2.7 and its shim,
 #                                runc 1.4.3, CNI plugins, Talos's hack/ config files
+#   bin/registry, bin/crane      distribution's registry and go-containerregistry's crane
+#                                (hack/talos-node/registry/go.mod): the images the node pulls
+#                                (hack/talos-node/registry.sh)
 #   guest/                       the KVM/TCG guest's pieces: the Debian kernel, busybox, the
 #                                kernel modules the node uses, and the guest's init
 # Rebuilds each part only when its inputs changed. The extension and the machine config are
@@ -65,10 +68,20 @@ if [[ "$(cat "$out/.stamp-runtime" 2>/dev/null)" != "$runtime_stamp" ]]; then
 	echo "$runtime_stamp" >"$out/.stamp-runtime"
 fi
 
+registry_stamp=$(stamp "$here"/registry/go.{mod,sum})
+if [[ "$(cat "$out/.stamp-registry" 2>/dev/null)" != "$registry_stamp" ]]; then
+	echo "talos-node: building the image registry and crane" >&2
+	(cd "$here/registry" && CGO_ENABLED=0 go build -trimpath -ldflags "-s -w" -o "$out/bin/" \
+		github.com/distribution/distribution/v3/cmd/registry \
+		github.com/google/go-containerregistry/cmd/crane)
+	echo "$registry_stamp" >"$out/.stamp-registry"
+fi
+
 # The root filesystem. Talos v1.13.9 Dockerfile, rootfs-base-amd64: the FHS links (pkgs' fhs),
 # containerd without ctr, runc, the CNI plugins at /opt/cni/bin, machined at /usr/bin/init and
-# its links; the directories and empty files its RUN steps make; hack/containerd.toml,
-# hack/cri-containerd.toml, hack/cri-plugin.part; then the rootfs-base stage for containers:
+# its links; the directories and empty files its RUN steps make; hack/nfsmount.conf (the
+# kubelet's container binds it), hack/containerd.toml, hack/cri-containerd.toml,
+# hack/cri-plugin.part, hack/udevd's rules, hack/lvm.conf; then the rootfs-base stage for containers:
 # /usr/etc/in-container, an empty /usr/lib/modules. Talos's other packages (e2fsprogs, xfsprogs,
 # lvm2, cryptsetup, iptables, nftables, udevd, ...) are C programs machined does not run in
 # container mode; they are not here (docs/talos-node.md).
@@ -92,6 +105,10 @@ if [[ "$(cat "$out/.stamp-rootfs" 2>/dev/null)" != "$rootfs_stamp" ]]; then
 	mkdir -p "$r"/{etc/kubernetes/manifests,etc/cni/net.d,etc/ssl/certs,usr/libexec/kubernetes,usr/local/lib/kubelet/credentialproviders,etc/selinux/targeted/contexts/files}
 	mkdir -p "$r"/opt/{containerd/bin,containerd/lib} "$r/usr/share/spdx" "$r/usr/lib/modules"
 	install -m 0644 "$talos_mod/hack/zoneinfo/Etc/UTC" "$r/usr/share/zoneinfo/Etc/UTC"
+	install -m 0644 "$talos_mod/hack/nfsmount.conf" "$r/etc/nfsmount.conf"
+	install -D -m 0644 "$talos_mod/hack/udevd/99-default.link" "$r/usr/lib/systemd/network/99-default.link"
+	install -D -m 0644 -t "$r/usr/lib/udev/rules.d" "$talos_mod/hack/udevd/40-vm-hotadd.rules" "$talos_mod/hack/udevd/90-selinux.rules"
+	install -D -m 0644 "$talos_mod/hack/lvm.conf" "$r/etc/lvm/lvm.conf"
 	mkdir -p "$r/etc/containerd"
 	install -m 0644 "$talos_mod/hack/containerd.toml" "$r/etc/containerd/config.toml"
 	install -m 0644 "$talos_mod/hack/cri-containerd.toml" "$r/etc/cri/containerd.toml"

@@ -8,7 +8,9 @@
 # to the node's /, as Talos puts an extension's files on a node).
 # Environment: TALOS_NODE_OUT (default _out/talos-node, from build.sh), TALOS_NODE_PATCHES
 # (machine config patch files, space-separated), TALOS_NODE_MEM (MiB, default 6144),
-# TALOS_NODE_ACCEL (qemu -accel, default tcg: this machine's /dev/kvm is PVM, which boots only
+# TALOS_NODE_REGISTRY_PORT (the port of hack/talos-node/registry.sh on 127.0.0.1: every image
+# is pulled from it, through a RegistryMirrorConfig "*"; the API server's 6443 is then
+# forwarded too, to DIR/kube.port), TALOS_NODE_ACCEL (qemu -accel, default tcg: this machine's /dev/kvm is PVM, which boots only
 # PVM-enabled guest kernels; docs/talos-node.md), TALOS_NODE_BOOT_TIMEOUT (s, default 900).
 set -euo pipefail
 
@@ -41,21 +43,38 @@ start) ;;
 esac
 stop
 
-# A free port on 127.0.0.1 for apid, forwarded to the guest's 50000.
-# (Nothing answering a connect; qemu fails to start if another takes it meanwhile.)
-port=
-for _ in $(seq 50); do
-	p=$((40000 + RANDOM % 20000))
-	if ! (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null; then port=$p; break; fi
-done
-[ -n "$port" ] || { echo "node.sh: no free port found for apid" >&2; exit 1; }
+# Free ports on 127.0.0.1 for apid and the API server, forwarded to the guest's 50000 and 6443.
+# (Nothing answering a connect; qemu fails to start if another takes one meanwhile.)
+free_port() {
+	local p
+	for _ in $(seq 50); do
+		p=$((40000 + RANDOM % 20000))
+		if ! (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null; then echo "$p"; return; fi
+	done
+	echo "node.sh: no free port found" >&2
+	return 1
+}
+port=$(free_port)
 echo "$port" >"$dir/apid.port"
+forwards="hostfwd=tcp:127.0.0.1:$port-:50000"
+if [ -n "${TALOS_NODE_REGISTRY_PORT:-}" ]; then
+	kport=$(free_port)
+	echo "$kport" >"$dir/kube.port"
+	forwards+=",hostfwd=tcp:127.0.0.1:$kport-:6443"
+fi
 
 # The machine config, from talosctl gen config as a user makes it, with the node's own patch
 # (hack/talos-node/node.patch.yaml) and the caller's.
 rm -rf "$dir/config"
 patches=(--config-patch "@$here/node.patch.yaml")
 for p in ${TALOS_NODE_PATCHES:-}; do patches+=(--config-patch "@$p"); done
+if [ -n "${TALOS_NODE_REGISTRY_PORT:-}" ]; then
+	# Every registry's images from the test's registry, as a node behind a pull-through mirror
+	# gets them (machinery config/types/cri/registry_mirror.go: name "*" applies to all).
+	printf 'apiVersion: v1alpha1\nkind: RegistryMirrorConfig\nname: "*"\nendpoints:\n  - url: http://10.0.2.2:%s\nskipFallback: true\n' \
+		"$TALOS_NODE_REGISTRY_PORT" >"$dir/mirror.patch.yaml"
+	patches+=(--config-patch "@$here/k8s.patch.yaml" --config-patch "@$dir/mirror.patch.yaml")
+fi
 "$talosctl" gen config "$name" https://10.0.2.15:6443 --output "$dir/config" \
 	--with-docs=false --with-examples=false "${patches[@]}" >/dev/null
 "$talosctl" --talosconfig "$dir/config/talosconfig" config endpoint "127.0.0.1:$port"
@@ -85,7 +104,7 @@ fi
 qemu-system-x86_64 -accel "$accel" -cpu max -smp "$cpus" -m "$mem" \
 	-kernel "$out/guest/vmlinuz" -initrd "$dir/initramfs.cpio" \
 	-append "console=ttyS0 rdinit=/init panic=-1 quiet" \
-	-netdev "user,id=n0,hostfwd=tcp:127.0.0.1:$port-:50000" -device virtio-net-pci,netdev=n0 \
+	-netdev "user,id=n0,$forwards" -device virtio-net-pci,netdev=n0 \
 	-display none -serial "file:$dir/console.log" -no-reboot \
 	-daemonize -pidfile "$dir/qemu.pid"
 echo "node.sh: guest started (qemu $(cat "$dir/qemu.pid"), apid at 127.0.0.1:$port, console $dir/console.log)" >&2

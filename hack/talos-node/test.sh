@@ -1,10 +1,13 @@
 #!/usr/bin/env bash
 # The extension on a real Talos v1.13.9 node (hack/talos-node/node.sh), without a GPU, driven
-# only through talosctl. Each check prints what Talos shows (talosctl service / logs) and
-# fails the script (exit 1) when its outcome is not the expected one.
+# only through talosctl and kubectl. Each check prints what Talos shows (talosctl service /
+# logs) and fails the script (exit 1) when its outcome is not the expected one. The node is
+# made from the docs' worker patch (docs/examples/gpu-worker.patch.yaml) and bootstrapped as a
+# user bootstraps one; its images come from hack/talos-node/registry.sh.
 #   test.sh EXTENSION_DIR [STATE_DIR]
 # EXTENSION_DIR: the extension image's directory (make extension: _out/extensions/nvidia-driver-dev).
-# TALOS_NODE_KEEP=1 leaves the node running at the end.
+# TALOS_NODE_KEEP=1 leaves the node running at the end. TALOS_NODE_KUBERNETES=0 leaves out the
+# registry, the bootstrap and the Kubernetes checks (the controls, which fail before them).
 set -uo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
@@ -18,6 +21,9 @@ wait_s=${TALOS_NODE_WAIT:-600}
 failed=0
 
 t() { "$out/bin/talosctl" --talosconfig "$dir/talosconfig" "$@"; }
+k() { "$k8s_bin/kubectl" --kubeconfig "$dir/kubeconfig" "$@"; }
+k8s_bin=${K8S_NODE_BIN:-$here/../../_out/k8s-node}/bin
+top=$(cd "$here/../.." && pwd)
 say() { printf '\n=== %s\n' "$*"; }
 fail() { echo "FAIL: $*"; failed=1; }
 # capture NAME: talosctl service ext-nvidia-driver, saved and printed.
@@ -61,14 +67,40 @@ doc() { # doc FILE VAR=VALUE...: an ExtensionServiceConfig for the service with 
 # is made again: talosctl service ext-nvidia-driver restart (docs/talos-node.md).
 restart() { t service "$svc" restart >/dev/null; }
 
-cleanup() { [ "${TALOS_NODE_KEEP:-}" = 1 ] || "$here/node.sh" stop "$dir"; }
+cleanup() {
+	[ "${TALOS_NODE_KEEP:-}" = 1 ] && return
+	"$here/node.sh" stop "$dir"
+	"$here/registry.sh" stop "$dir"
+}
 trap cleanup EXIT
 
-say "boot: the node, with the extension $(basename "$ext"), no ExtensionServiceConfig, no NVIDIA module"
+kubernetes=${TALOS_NODE_KUBERNETES:-1}
+registry_port=
+if [ "$kubernetes" = 1 ]; then
+	if ! "$here/registry.sh" start "$dir"; then
+		echo "FAIL: the image registry did not start"
+		exit 1
+	fi
+	registry_port=$(cat "$dir/registry.port")
+fi
+
+say "boot: the node, with the extension $(basename "$ext"), the docs' worker patch, no ExtensionServiceConfig, no NVIDIA module"
 boot_start=$SECONDS
-if ! "$here/node.sh" start "$dir" "$ext"; then
+if ! TALOS_NODE_REGISTRY_PORT=$registry_port \
+	TALOS_NODE_PATCHES="$top/docs/examples/gpu-worker.patch.yaml ${TALOS_NODE_PATCHES:-}" \
+	"$here/node.sh" start "$dir" "$ext"; then
 	echo "FAIL: the node did not come up"
 	exit 1
+fi
+# As a user does once the node has its config: etcd then starts, and the boot goes on to
+# the kubelet and the control plane, while the checks below run.
+bootstrap() { t bootstrap >/dev/null 2>&1; }
+if [ "$kubernetes" != 1 ]; then
+	:
+elif until_ok "$wait_s" bootstrap; then
+	echo "talosctl bootstrap accepted $((SECONDS - boot_start)) s after the guest started"
+else
+	fail "talosctl bootstrap was not accepted"
 fi
 
 say "boot: $svc reaches Running (Talos starts it; no depends that cannot come true)"
@@ -155,6 +187,59 @@ else
 fi
 capture bad-document
 logs | grep 'configuration is invalid' | sed 's/^/    /'
+
+kubernetes_checks() {
+	say "kubernetes: the boot finishes; the node registers Ready with the patch's label and taint"
+	boot_done() { t logs machined 2>/dev/null | grep -q 'boot sequence: done'; }
+	if until_ok "$wait_s" boot_done; then
+		echo "machined's boot sequence done $((SECONDS - boot_start)) s after the guest started"
+	else
+		fail "machined's boot sequence did not finish"
+	fi
+	t kubeconfig --force "$dir/kubeconfig.talos" >/dev/null 2>&1 || fail "talosctl kubeconfig failed"
+	# talosctl's kubeconfig names the cluster endpoint (10.0.2.15, inside the guest); kubectl
+	# reaches the same API server through the guest's forward of 6443 (in its certificate, k8s.patch.yaml).
+	sed "s#server: https://10.0.2.15:6443#server: https://127.0.0.1:$(cat "$dir/kube.port")#" \
+		"$dir/kubeconfig.talos" >"$dir/kubeconfig"
+	api_ready() { k get --raw /readyz >/dev/null 2>&1; }
+	until_ok "$wait_s" api_ready || fail "the API server never answered /readyz"
+	k apply -f "$here/cni.yaml" >/dev/null || fail "kubectl apply -f cni.yaml failed"
+	node=talos-node # node.sh names it so
+	node_ready() { k get node "$node" -o jsonpath='{.status.conditions[?(@.type=="Ready")].status}' 2>/dev/null | grep -qx True; }
+	if until_ok "$wait_s" node_ready; then
+		echo "node $node Ready $((SECONDS - boot_start)) s after the guest started"
+	else
+		fail "node $node is not Ready"
+	fi
+	k get node "$node" -o wide 2>&1 | sed 's/^/    /'
+	k get node "$node" -o jsonpath='{.metadata.labels.nvidia\.com/gpu\.present}' | grep -qx true ||
+		fail "the node lacks the label gpu-worker.patch.yaml gives it (nvidia.com/gpu.present=true)"
+	k get node "$node" -o jsonpath='{range .spec.taints[*]}{.key}={.value}:{.effect}{"\n"}{end}' | grep -qx 'nvidia.com/gpu=present:NoSchedule' ||
+		fail "the node lacks the taint gpu-worker.patch.yaml registers it with"
+
+	say "kubernetes: kubectl apply -k deploy/; its DaemonSets run on the node"
+	k apply -k "$top/deploy/namespace" --server-side >/dev/null || fail "kubectl apply -k deploy/namespace failed"
+	k apply -k "$top/deploy" --server-side >"$dir/outputs/deploy-apply.txt" 2>&1 || fail "kubectl apply -k deploy failed: $(cat "$dir/outputs/deploy-apply.txt")"
+	scheduled() { k -n nvidia-gpu get "$1" -o jsonpath='{.status.desiredNumberScheduled}' 2>/dev/null | grep -qx 1; }
+	for ds in $(k -n nvidia-gpu get ds -o name); do
+		if until_ok 120 scheduled "$ds"; then
+			echo "$ds: scheduled on the node"
+		else
+			fail "$ds is not scheduled on the labelled node"
+		fi
+	done
+	k -n nvidia-gpu get pods -o wide 2>&1 | tee "$dir/outputs/deploy-pods.txt" | sed 's/^/    /'
+	# Without a GPU the service never writes its readiness file: the device plugin's pod must be
+	# held by its wait-for-driver init container (running), not failing.
+	plugin_init() { k -n nvidia-gpu get pods -l app.kubernetes.io/name=nvidia-device-plugin -o jsonpath='{.items[0].status.initContainerStatuses[0].state}' 2>/dev/null; }
+	plugin_held() { plugin_init | grep -q running; }
+	if until_ok "$wait_s" plugin_held; then
+		echo "the device plugin's pod waits for the driver: $(plugin_init)"
+	else
+		fail "the device plugin's pod is not held by its wait for the driver: $(plugin_init)"
+	fi
+}
+[ "$kubernetes" != 1 ] || kubernetes_checks
 
 echo
 echo "talos-node: outputs in $dir/outputs; total $((SECONDS - boot_start)) s"

@@ -1,0 +1,108 @@
+#!/usr/bin/env bash
+# The Talos test node's image registry: distribution's registry (hack/talos-node/registry,
+# from its module) on 127.0.0.1 of this machine, which the guest reaches as 10.0.2.2 (qemu's
+# user network), holding every image the node pulls, so that machined and its CRI containerd
+# pull them as on any node: through the mirror the machine config names
+# (`RegistryMirrorConfig` "*", skipFallback; node.sh writes it).
+#   registry.sh start DIR    starts it (state in DIR/registry), pushes the images, writes
+#                            DIR/registry.port
+#   registry.sh stop DIR
+# The images (crane push, from hack/k8s-node's builds, at Talos v1.13.9's versions):
+#   registry.k8s.io/kube-apiserver, kube-controller-manager, kube-scheduler:v1.36.3,
+#   ghcr.io/siderolabs/kubelet:v1.36.3, registry.k8s.io/etcd:v3.6.12
+#       one image: hack/k8s-node's kube binary (each program from its module, chosen by the
+#       name it is started as) at /usr/local/bin/<program>, where Talos starts each
+#       (control_plane_static_pod.go, services/kubelet.go, services/etcd.go), and busybox's
+#       mount and umount, which the kubelet runs for tmpfs volumes (Talos's kubelet image has
+#       util-linux's); /var/run links to /run as in Debian's base of that image, so the
+#       kubelet's /var/run bind (services/kubelet.go) is where it looks for the CRI socket,
+#       /run/containerd/containerd.sock
+#   registry.k8s.io/pause:3.10.1, nvcr.io/nvidia/k8s-device-plugin:v0.19.0,
+#   talos-nvidia/k8s-node-base:test     hack/k8s-node/images.sh's
+set -euo pipefail
+
+here=$(cd "$(dirname "$0")" && pwd)
+top=$(cd "$here/../.." && pwd)
+out=${TALOS_NODE_OUT:-$top/_out/talos-node}
+k8s=${K8S_NODE_BIN:-$top/_out/k8s-node}
+images=${K8S_NODE_IMAGES:-$top/_out/k8s-node/images}
+cmd=$1 dir=$2
+mkdir -p "$dir"
+dir=$(cd "$dir" && pwd)
+
+stop() {
+	if [ -f "$dir/registry.pid" ]; then
+		kill "$(cat "$dir/registry.pid")" 2>/dev/null || true
+		rm -f "$dir/registry.pid"
+	fi
+}
+case $cmd in
+stop) stop; exit 0 ;;
+start) ;;
+*) echo "registry.sh: unknown command $cmd" >&2; exit 2 ;;
+esac
+stop
+
+# The kube image's root filesystem, made again only when the kube binary changed.
+kube_root=$out/images/kube
+if [ ! -f "$out/images/kube.tar" ] || [ "$k8s/bin/kube" -nt "$out/images/kube.tar" ] || [ "$0" -nt "$out/images/kube.tar" ]; then
+	rm -rf "$kube_root" && mkdir -p "$kube_root/usr/local/bin" "$kube_root/bin" "$kube_root/tmp" "$kube_root/run" "$kube_root/var"
+	ln -s ../run "$kube_root/var/run"
+	chmod 1777 "$kube_root/tmp"
+	install -m 0755 "$k8s/bin/kube" "$kube_root/usr/local/bin/kube"
+	for p in kubelet kube-apiserver kube-controller-manager kube-scheduler etcd; do
+		ln -s kube "$kube_root/usr/local/bin/$p"
+	done
+	install -m 0755 "$images/busybox" "$kube_root/bin/busybox"
+	for a in sh mount umount; do ln -s busybox "$kube_root/bin/$a"; done
+	"$images/image" -rootfs "$kube_root" -out "$out/images/kube.tar" \
+		-ref registry.k8s.io/kube-apiserver:v1.36.3 -env PATH=/usr/local/bin:/usr/bin:/bin >/dev/null
+fi
+
+port=
+for _ in $(seq 50); do
+	p=$((20000 + RANDOM % 20000))
+	if ! (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null; then port=$p; break; fi
+done
+[ -n "$port" ] || { echo "registry.sh: no free port found" >&2; exit 1; }
+
+# distribution's configuration (docs/content/about/configuration.md of its module): filesystem
+# storage, plain HTTP on the port; the guest reaches it through qemu's 10.0.2.2.
+rm -rf "$dir/registry"
+mkdir -p "$dir/registry/data"
+cat >"$dir/registry/config.yml" <<EOF
+version: 0.1
+log:
+  level: warn
+  accesslog:
+    disabled: true
+storage:
+  filesystem:
+    rootdirectory: $dir/registry/data
+http:
+  addr: 127.0.0.1:$port
+EOF
+# (OTEL_TRACES_EXPORTER: distribution exports traces to localhost:4318 unless told not to.)
+OTEL_TRACES_EXPORTER=none "$out/bin/registry" serve "$dir/registry/config.yml" >"$dir/registry/log" 2>&1 &
+echo $! >"$dir/registry.pid"
+for _ in $(seq 100); do
+	(exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null && break
+	kill -0 "$(cat "$dir/registry.pid")" 2>/dev/null || { cat "$dir/registry/log" >&2; exit 1; }
+	sleep 0.1
+done
+echo "$port" >"$dir/registry.port"
+
+push() { # ARCHIVE REPOSITORY:TAG (the path under the mirror: the reference without its registry)
+	"$out/bin/crane" push --insecure "$1" "127.0.0.1:$port/$2" >/dev/null 2>>"$dir/registry/push.log" && return
+	echo "registry.sh: crane push $1 $2 failed:" >&2
+	tail -5 "$dir/registry/push.log" >&2
+	exit 1
+}
+for ref in kube-apiserver:v1.36.3 kube-controller-manager:v1.36.3 kube-scheduler:v1.36.3 \
+	siderolabs/kubelet:v1.36.3 etcd:v3.6.12; do
+	push "$out/images/kube.tar" "$ref"
+done
+push "$images/pause.tar" pause:3.10.1
+push "$images/device-plugin.tar" nvidia/k8s-device-plugin:v0.19.0
+push "$images/base.tar" talos-nvidia/k8s-node-base:test
+echo "registry.sh: serving on 127.0.0.1:$port (the guest's 10.0.2.2:$port)" >&2
