@@ -10,7 +10,9 @@
 #   make release-image  one flavor's release image with docker buildx and bldr (FLAVOR, TALOS_VERSION, IMAGE)
 #   make test-k8s-node  deploy/ on a real one-node Kubernetes cluster (hack/k8s-node), no GPU; part of make test
 #   make test-k8s-sim   the same node with 8 simulated GPUs (hack/simnvml) and NVIDIA's device plugin; part of make test
-#   make talos-node     the extension on a real Talos v1.13.9 node (hack/talos-node), no GPU; not part of make test
+#   make test-talos-node  the extension on a real Talos v1.13.9 node (hack/talos-node), no GPU, and its
+#                       control (source: tmpfs back); part of make test
+#   make talos-node     the same checks, then Kubernetes on that node (bootstrap, deploy/); not part of make test
 
 SHELL := /bin/bash
 OUT ?= _out
@@ -85,6 +87,7 @@ $(SUBROOT):
 deps:
 	hack/install-test-deps.sh
 	bash hack/install-deploy-test-deps.sh
+	hack/install-talos-node-deps.sh
 
 # hack/consumers is a module of its own (NVIDIA's device plugin at its own dependency
 # versions, and the e2e's pod-to-OCI translation): vetted and tested from its directory.
@@ -97,6 +100,7 @@ test: deps build lint
 	$(MAKE) test-arm64
 	$(MAKE) test-k8s-node
 	$(MAKE) test-k8s-sim
+	$(MAKE) test-talos-node
 
 lint:
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt would change:"; echo "$$out"; exit 1; fi

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Install what the Talos node (hack/talos-node, make talos-node) needs besides the tests' own
 # (hack/install-test-deps.sh): qemu, a Debian kernel for its guest, the static busybox its
-# init runs (no libraries in the guest), cpio and kmod for the guest's initramfs. Kept out of
-# make test's install: CI does not run the node (docs/talos-node.md says why).
+# init runs (no libraries in the guest), cpio and kmod for the guest's initramfs. Part of
+# make deps: make test runs the node (make test-talos-node).
 # Idempotent; quiet when everything is present.
 set -euo pipefail
 need=()

@@ -1,9 +1,9 @@
 # A real Talos v1.13.9 node (machined and talosctl from Talos's Go module) running the
 # extension, in container mode inside a qemu guest (hack/talos-node, docs/talos-node.md). The
-# top-level Makefile includes this file. Not part of make test: docs/talos-node.md gives the
-# times that keep it out.
+# top-level Makefile includes this file. make test runs test-talos-node: the node's checks
+# without Kubernetes, and the tmpfs control; docs/talos-node.md gives the times.
 
-.PHONY: talos-node-build talos-node talos-node-control
+.PHONY: talos-node-build talos-node talos-node-control test-talos-node
 
 TALOS_NODE_EXTENSION ?= $(OUT)/extensions/nvidia-driver-dev-debian
 
@@ -12,9 +12,16 @@ talos-node-build:
 	hack/install-talos-node-deps.sh
 	hack/talos-node/build.sh
 
-# The checks of hack/talos-node/test.sh against the extension as make extension builds it.
-talos-node: extension talos-node-build
+# The checks of hack/talos-node/test.sh against the extension as make extension builds it,
+# Kubernetes included (its images from hack/k8s-node: make k8s-node).
+talos-node: extension talos-node-build k8s-node
 	hack/talos-node/test.sh $(TALOS_NODE_EXTENSION) $(OUT)/talos-node/run
+
+# What make test runs: the checks up to Kubernetes (boot, documents, a bad document), then the
+# tmpfs control, which passes only when those checks fail on the defect.
+test-talos-node: extension talos-node-build
+	TALOS_NODE_KUBERNETES=0 hack/talos-node/test.sh $(TALOS_NODE_EXTENSION) $(OUT)/talos-node/run
+	hack/talos-node/control.sh $(TALOS_NODE_EXTENSION) $(OUT)/talos-node/control
 
 # The same checks against the extension with its service YAML given back `source: tmpfs`
 # (the defect the node exists to catch): passes only when test.sh fails.

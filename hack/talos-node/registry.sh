@@ -48,6 +48,11 @@ kube_root=$out/images/kube
 if [ ! -f "$out/images/kube.tar" ] || [ "$k8s/bin/kube" -nt "$out/images/kube.tar" ] || [ "$0" -nt "$out/images/kube.tar" ]; then
 	rm -rf "$kube_root" && mkdir -p "$kube_root/usr/local/bin" "$kube_root/bin" "$kube_root/tmp" "$kube_root/run" "$kube_root/var"
 	ln -s ../run "$kube_root/var/run"
+	# The kubelet reads /etc/passwd for its user namespace mappings (a "kubelet" user, absent
+	# here: the defaults).
+	mkdir -p "$kube_root/etc"
+	printf 'root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534:nobody:/nonexistent:/bin/false\n' >"$kube_root/etc/passwd"
+	printf 'root:x:0:\nnogroup:x:65534:\n' >"$kube_root/etc/group"
 	chmod 1777 "$kube_root/tmp"
 	install -m 0755 "$k8s/bin/kube" "$kube_root/usr/local/bin/kube"
 	for p in kubelet kube-apiserver kube-controller-manager kube-scheduler etcd; do
