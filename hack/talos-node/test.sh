@@ -16,8 +16,11 @@ ext=$1
 dir=${2:-$(mktemp -d /tmp/talos-node.XXXXXX)}
 mkdir -p "$dir/outputs"
 svc=ext-nvidia-driver
-# Under qemu's TCG a step of machined takes seconds; these bound each wait.
+# Under qemu's TCG a step of machined takes seconds; these bound each wait. Kubernetes's
+# (the API server, the node's registration) take longer: on the loaded build machine the API
+# server answered /readyz more than 600 s after machined's boot was done.
 wait_s=${TALOS_NODE_WAIT:-600}
+k8s_wait_s=${TALOS_NODE_K8S_WAIT:-1500}
 failed=0
 
 t() { "$out/bin/talosctl" --talosconfig "$dir/talosconfig" "$@"; }
@@ -202,11 +205,11 @@ kubernetes_checks() {
 	sed "s#server: https://10.0.2.15:6443#server: https://127.0.0.1:$(cat "$dir/kube.port")#" \
 		"$dir/kubeconfig.talos" >"$dir/kubeconfig"
 	api_ready() { k get --raw /readyz >/dev/null 2>&1; }
-	until_ok "$wait_s" api_ready || fail "the API server never answered /readyz"
+	until_ok "$k8s_wait_s" api_ready || fail "the API server never answered /readyz"
 	k apply -f "$here/cni.yaml" >/dev/null || fail "kubectl apply -f cni.yaml failed"
 	node=talos-node # node.sh names it so
 	node_ready() { k get node "$node" -o jsonpath='{.status.conditions[?(@.type=="Ready")].status}' 2>/dev/null | grep -qx True; }
-	if until_ok "$wait_s" node_ready; then
+	if until_ok "$k8s_wait_s" node_ready; then
 		echo "node $node Ready $((SECONDS - boot_start)) s after the guest started"
 	else
 		fail "node $node is not Ready"
