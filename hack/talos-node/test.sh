@@ -223,14 +223,22 @@ kubernetes_checks() {
 	say "kubernetes: kubectl apply -k deploy/; its DaemonSets run on the node"
 	k apply -k "$top/deploy/namespace" --server-side >/dev/null || fail "kubectl apply -k deploy/namespace failed"
 	k apply -k "$top/deploy" --server-side >"$dir/outputs/deploy-apply.txt" 2>&1 || fail "kubectl apply -k deploy failed: $(cat "$dir/outputs/deploy-apply.txt")"
-	scheduled() { k -n nvidia-gpu get "$1" -o jsonpath='{.status.desiredNumberScheduled}' 2>/dev/null | grep -qx 1; }
-	for ds in $(k -n nvidia-gpu get ds -o name); do
-		if until_ok 120 scheduled "$ds"; then
+	scheduled() { k -n nvidia-gpu get "$1" -o jsonpath='{.status.desiredNumberScheduled}' 2>/dev/null | grep -qx "$2"; }
+	# deploy/'s device plugin and DCGM exporter run on every labelled GPU node; the chart's MPS
+	# control daemon only where nvidia.com/mps.capable=true, which comes from the service's
+	# NFD file through NFD (docs/sharing.md): none here, no GPU and no NFD.
+	for ds in daemonset.apps/nvidia-device-plugin daemonset.apps/dcgm-exporter; do
+		if until_ok 120 scheduled "$ds" 1; then
 			echo "$ds: scheduled on the node"
 		else
 			fail "$ds is not scheduled on the labelled node"
 		fi
 	done
+	if scheduled daemonset.apps/nvidia-device-plugin-mps-control-daemon 0; then
+		echo "daemonset.apps/nvidia-device-plugin-mps-control-daemon: not scheduled (no nvidia.com/mps.capable label)"
+	else
+		fail "the MPS control daemon is scheduled on a node without nvidia.com/mps.capable=true"
+	fi
 	k -n nvidia-gpu get pods -o wide 2>&1 | tee "$dir/outputs/deploy-pods.txt" | sed 's/^/    /'
 	# Without a GPU the service never writes its readiness file: the device plugin's pod must be
 	# held by its wait-for-driver init container (running), not failing.
