@@ -229,9 +229,9 @@ result "idle RSS ${idle} kB <= 16384 kB (16 MiB); before release ${before:-?} kB
 
 # ---- specs -------------------------------------------------------------------------------
 echo "== compare our spec with nvidia-ctk's"
-"$out/bin/cdi-e2e" compare /run/cdi/nvidia.yaml "$W/ctk.yaml" | sed 's/^/  /'
+"$out/bin/cdi-e2e" compare --subroot "$W/subroot" /run/cdi/nvidia.yaml "$W/ctk.yaml" | sed 's/^/  /'
 [ "${PIPESTATUS[0]}" = 0 ] && r=PASS || r=FAIL
-result "our spec covers nvidia-ctk's (names, device nodes, mounts)" $r
+result "our spec covers nvidia-ctk's, per device (nodes, mounts, hooks, env)" $r
 
 # ---- workloads with plain runc -------------------------------------------------------------
 . "$top/hack/e2e-lib.sh"

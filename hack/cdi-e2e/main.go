@@ -3,7 +3,7 @@
 // timing two commands against each other. hack/e2e-gpu.sh drives it.
 //
 //	cdi-e2e inject --spec-dir DIR --config BUNDLE/config.json [--device nvidia.com/gpu=all ...] [--rootfs DIR] -- ARGS...
-//	cdi-e2e compare OURS THEIRS
+//	cdi-e2e compare --subroot DIR OURS THEIRS
 //	cdi-e2e hostpaths SPEC...
 //	cdi-e2e bench -n 10 --a "CMD..." --b "CMD..."
 package main
@@ -14,9 +14,7 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"slices"
-	"sort"
 	"strings"
 	"syscall"
 	"time"
@@ -24,6 +22,8 @@ import (
 	oci "github.com/opencontainers/runtime-spec/specs-go"
 	"tags.cncf.io/container-device-interface/pkg/cdi"
 	"tags.cncf.io/container-device-interface/specs-go"
+
+	"github.com/talos-nvidia/nvidia-driver/hack/cdi-e2e/specdiff"
 )
 
 func main() {
@@ -180,145 +180,57 @@ func hostPaths(args []string) error {
 	return nil
 }
 
-// compare checks that our spec offers what nvidia-ctk's offers: the same device names,
-// every device node of theirs, and every mount of theirs or a stated reason.
+// compare checks that our spec gives a container everything nvidia-ctk's gives it, device by
+// device (hack/cdi-e2e/specdiff); a file of theirs that ours lacks is excused only when the
+// subroot has no file of that name.
 func compare(args []string) error {
-	if len(args) != 2 {
-		return fmt.Errorf("usage: compare OURS THEIRS")
+	fs := flag.NewFlagSet("compare", flag.ContinueOnError)
+	subroot := fs.String("subroot", "", "the glibc subroot our spec was generated from")
+
+	if err := fs.Parse(args); err != nil {
+		return err
 	}
 
-	ours, err := cdi.ReadSpec(args[0], 0)
+	if fs.NArg() != 2 || *subroot == "" {
+		return fmt.Errorf("usage: compare --subroot DIR OURS THEIRS")
+	}
+
+	ours, err := cdi.ReadSpec(fs.Arg(0), 0)
 	if err != nil {
 		return err
 	}
 
-	theirs, err := cdi.ReadSpec(args[1], 0)
+	theirs, err := cdi.ReadSpec(fs.Arg(1), 0)
 	if err != nil {
 		return err
 	}
 
-	names := func(s *specs.Spec) []string {
-		var n []string
-		for _, d := range s.Devices {
-			n = append(n, d.Name)
-		}
-
-		sort.Strings(n)
-
-		return n
+	tree, err := specdiff.ReadTree(*subroot)
+	if err != nil {
+		return err
 	}
 
-	problems := 0
+	r := specdiff.Compare(ours.Spec, theirs.Spec, tree)
+	fmt.Printf("device names: ours %v, theirs %v\n", r.OurDevices, r.TheirDevices)
+	fmt.Printf("per device (common edits and its own): device nodes, mounts, hooks, environment\n")
 
-	on, tn := names(ours.Spec), names(theirs.Spec)
-	fmt.Printf("device names: ours %v, theirs %v\n", on, tn)
-
-	if !slices.Equal(on, tn) {
-		fmt.Println("  DIFFERENT device names")
-		problems++
+	for _, e := range r.Excused {
+		fmt.Printf("  excused: %s\n", e)
 	}
 
-	nodes := func(s *specs.Spec) map[string]bool {
-		m := map[string]bool{}
-		for _, n := range s.ContainerEdits.DeviceNodes {
-			m[n.Path] = true
-		}
-
-		for _, d := range s.Devices {
-			for _, n := range d.ContainerEdits.DeviceNodes {
-				m[n.Path] = true
-			}
-		}
-
-		return m
+	for _, p := range r.Problems {
+		fmt.Printf("  PROBLEM: %s\n", p)
 	}
 
-	ourNodes, theirNodes := nodes(ours.Spec), nodes(theirs.Spec)
-	for p := range theirNodes {
-		if !ourNodes[p] {
-			fmt.Printf("  MISSING device node %s\n", p)
-			problems++
-		}
-	}
+	fmt.Printf("theirs missing in ours: %d excused, %d unexplained; ours has %d item(s) beyond theirs\n", len(r.Excused), len(r.Problems), r.Extra)
 
-	fmt.Printf("device nodes: ours %d, theirs %d, all of theirs in ours: %t\n", len(ourNodes), len(theirNodes), problems == 0)
-
-	// Mounts are compared by file name: their driver root is the host's installed tree
-	// (/usr/local/nvidia/lib64 here), ours is the subroot (usr/lib64), so the directories
-	// differ by design; the files must not.
-	mounts := func(s *specs.Spec) map[string]string {
-		m := map[string]string{}
-		for _, mt := range s.ContainerEdits.Mounts {
-			m[filepath.Base(mt.ContainerPath)] = mt.ContainerPath
-		}
-
-		return m
-	}
-
-	ourMounts, theirMounts := mounts(ours.Spec), mounts(theirs.Spec)
-	missing := 0
-
-	for base, path := range theirMounts {
-		if _, ok := ourMounts[base]; ok {
-			continue
-		}
-
-		reason := mountReason(base)
-		fmt.Printf("  mount of theirs not in ours: %s (%s)\n", path, reason)
-
-		if reason == "UNEXPLAINED" {
-			problems++
-		}
-
-		missing++
-	}
-
-	fmt.Printf("mounts: ours %d, theirs %d, theirs missing in ours %d (each with its reason above)\n", len(ourMounts), len(theirMounts), missing)
-
-	hooks := func(s *specs.Spec) []string {
-		var h []string
-		for _, hk := range s.ContainerEdits.Hooks {
-			if len(hk.Args) > 1 {
-				h = append(h, hk.Args[1])
-			}
-		}
-
-		sort.Strings(h)
-
-		return h
-	}
-
-	fmt.Printf("hooks: ours %v, theirs %v\n", hooks(ours.Spec), hooks(theirs.Spec))
-
-	if problems > 0 {
-		return fmt.Errorf("%d unexplained difference(s)", problems)
+	if !r.OK() {
+		return fmt.Errorf("%d unexplained difference(s)", len(r.Problems))
 	}
 
 	fmt.Println("compare: OK")
 
 	return nil
-}
-
-// mountReason explains a file of nvidia-ctk's spec that ours lacks. Only files the subroot
-// leaves out on purpose have a reason; anything else is a bug.
-func mountReason(base string) string {
-	switch {
-	case strings.Contains(base, "nvidia-persistenced") && base == "socket":
-		return "persistenced socket: theirs is the host's daemon, ours appears once our daemon runs"
-	case strings.HasPrefix(base, "libEGL") || strings.HasPrefix(base, "libGLES") || strings.HasPrefix(base, "libGLX") ||
-		strings.Contains(base, "glcore") || strings.Contains(base, "eglcore") || strings.Contains(base, "glsi") ||
-		strings.Contains(base, "glvkspirv") || strings.Contains(base, "rtcore") || strings.Contains(base, "tls") ||
-		strings.Contains(base, "gpucomp") || strings.Contains(base, "vulkan") || strings.Contains(base, "allocator") ||
-		strings.HasSuffix(base, ".json") || strings.Contains(base, "nvoptix"):
-		return "graphics/compute library the subroot carries only when the host tree has it"
-	case strings.Contains(base, "libnvcuvid") || strings.Contains(base, "encode") || strings.Contains(base, "opticalflow") ||
-		strings.Contains(base, "fbc") || strings.Contains(base, "vdpau"):
-		return "video library the subroot carries only when the host tree has it"
-	case strings.HasSuffix(base, ".bin"):
-		return "GPU firmware: loaded by the kernel from /usr/lib/firmware on Talos, not needed in containers"
-	}
-
-	return "UNEXPLAINED"
 }
 
 // bench runs two commands alternately and reports the median wall time and peak RSS of each.
