@@ -2,10 +2,12 @@
 // device into an OCI runtime config the way containerd does, comparing two CDI specs, and
 // timing two commands against each other. hack/e2e-gpu.sh drives it.
 //
-//	cdi-e2e inject --spec-dir DIR --config BUNDLE/config.json [--device nvidia.com/gpu=all ...] [--rootfs DIR] -- ARGS...
+//	cdi-e2e inject --spec-dir DIR --config BUNDLE/config.json [--device nvidia.com/gpu=all ...] [--nodes-only] [--rootfs DIR] -- ARGS...
 //	cdi-e2e compare --subroot DIR OURS THEIRS
 //	cdi-e2e hostpaths SPEC...
-//	cdi-e2e bench -n 10 --a "CMD..." --b "CMD..."
+//	cdi-e2e driverfiles --out MANIFEST DIR...
+//	cdi-e2e driverfree --rootfs DIR [--manifest MANIFEST] [--dir DIR ...]
+//	cdi-e2e bench -n 10 --a "CMD..." --b "CMD..." [--min-speedup X] [--max-rss-ratio Y]
 package main
 
 import (
@@ -23,12 +25,13 @@ import (
 	"tags.cncf.io/container-device-interface/pkg/cdi"
 	"tags.cncf.io/container-device-interface/specs-go"
 
+	"github.com/talos-nvidia/nvidia-driver/hack/cdi-e2e/driverfree"
 	"github.com/talos-nvidia/nvidia-driver/hack/cdi-e2e/specdiff"
 )
 
 func main() {
 	if len(os.Args) < 2 {
-		fmt.Fprintln(os.Stderr, "usage: cdi-e2e inject|compare|bench|hostpaths ...")
+		fmt.Fprintln(os.Stderr, "usage: cdi-e2e inject|compare|bench|hostpaths|driverfiles|driverfree ...")
 		os.Exit(2)
 	}
 
@@ -43,6 +46,10 @@ func main() {
 		err = bench(os.Args[2:])
 	case "hostpaths":
 		err = hostPaths(os.Args[2:])
+	case "driverfiles":
+		err = driverFiles(os.Args[2:])
+	case "driverfree":
+		err = driverFree(os.Args[2:])
 	default:
 		err = fmt.Errorf("unknown command %q", os.Args[1])
 	}
@@ -68,6 +75,7 @@ func inject(args []string) error {
 	var devices, env list
 	fs.Var(&devices, "device", "CDI device to inject (repeatable)")
 	fs.Var(&env, "env", "extra environment (repeatable)")
+	nodesOnly := fs.Bool("nodes-only", false, "inject only the devices' device nodes (and their cgroup rules), none of the spec's mounts, hooks or environment: the e2e's control")
 
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -101,7 +109,11 @@ func inject(args []string) error {
 			return fmt.Errorf("CDI spec %s: %v", path, errs)
 		}
 
-		if unresolved, err := cache.InjectDevices(&spec, devices...); err != nil {
+		if *nodesOnly {
+			if err := injectNodes(cache, &spec, devices); err != nil {
+				return err
+			}
+		} else if unresolved, err := cache.InjectDevices(&spec, devices...); err != nil {
 			return fmt.Errorf("injecting %v (unresolved %v): %w", devices, unresolved, err)
 		}
 	}
@@ -112,6 +124,50 @@ func inject(args []string) error {
 	}
 
 	return os.WriteFile(*config, out, 0o644)
+}
+
+// injectNodes applies only the device nodes that the devices' CDI edits name (the spec's
+// common ones and each device's own), with the CDI library's own edit code: the control
+// container has the GPU's device nodes and nothing of the driver.
+func injectNodes(cache *cdi.Cache, spec *oci.Spec, devices []string) error {
+	var nodes []*specs.DeviceNode
+
+	seen := map[string]bool{}
+	add := func(ns []*specs.DeviceNode) {
+		for _, n := range ns {
+			if !seen[n.Path] {
+				seen[n.Path] = true
+				nodes = append(nodes, n)
+			}
+		}
+	}
+
+	specsSeen := map[*cdi.Spec]bool{}
+
+	for _, name := range devices {
+		d := cache.GetDevice(name)
+		if d == nil {
+			return fmt.Errorf("no CDI device %s", name)
+		}
+
+		if s := d.GetSpec(); !specsSeen[s] {
+			specsSeen[s] = true
+			add(s.ContainerEdits.DeviceNodes)
+		}
+
+		add(d.ContainerEdits.DeviceNodes)
+	}
+
+	if len(nodes) == 0 {
+		return fmt.Errorf("devices %v name no device nodes", devices)
+	}
+
+	edits := cdi.ContainerEdits{ContainerEdits: &specs.ContainerEdits{DeviceNodes: nodes}}
+	if err := edits.Apply(spec); err != nil {
+		return fmt.Errorf("injecting the device nodes of %v: %w", devices, err)
+	}
+
+	return nil
 }
 
 // hostPaths checks that every host path a spec names exists here: device nodes (hostPath,
@@ -180,6 +236,88 @@ func hostPaths(args []string) error {
 	return nil
 }
 
+// driverFiles writes the manifest of a driver tree's files (its lib64 and bin), read later
+// by driverfree where the tree is hidden.
+func driverFiles(args []string) error {
+	fs := flag.NewFlagSet("driverfiles", flag.ContinueOnError)
+	out := fs.String("out", "", "manifest to write")
+
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+
+	if *out == "" || fs.NArg() == 0 {
+		return fmt.Errorf("usage: driverfiles --out MANIFEST DIR...")
+	}
+
+	m, err := driverfree.MakeManifest(fs.Args()...)
+	if err != nil {
+		return err
+	}
+
+	var b strings.Builder
+	if err := m.Write(&b); err != nil {
+		return err
+	}
+
+	fmt.Printf("driver files: %d in %s\n", len(m), strings.Join(fs.Args(), ", "))
+
+	return os.WriteFile(*out, []byte(b.String()), 0o644)
+}
+
+// driverFree fails when a container's root filesystem holds the host's driver where a
+// workload would find it (hack/cdi-e2e/driverfree).
+func driverFree(args []string) error {
+	fs := flag.NewFlagSet("driverfree", flag.ContinueOnError)
+	rootfs := fs.String("rootfs", "", "the container's root filesystem")
+	manifest := fs.String("manifest", "", "the driver tree's files (driverfiles)")
+
+	var dirs list
+	fs.Var(&dirs, "dir", "a directory of the container to look in besides the standard ones (repeatable)")
+
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+
+	if *rootfs == "" {
+		return fmt.Errorf("usage: driverfree --rootfs DIR [--manifest FILE] [--dir DIR ...]")
+	}
+
+	m := driverfree.Manifest{}
+
+	if *manifest != "" {
+		f, err := os.Open(*manifest)
+		if err != nil {
+			return err
+		}
+
+		m, err = driverfree.ReadManifest(f)
+		f.Close()
+
+		if err != nil {
+			return fmt.Errorf("%s: %w", *manifest, err)
+		}
+	}
+
+	found, err := driverfree.Check(*rootfs, m, dirs...)
+	if err != nil {
+		return err
+	}
+
+	for _, f := range found {
+		fmt.Printf("  driver visible in the rootfs: %s (%s)\n", f.Path, f.Why)
+	}
+
+	if len(found) > 0 {
+		return fmt.Errorf("the host's driver is visible in %s: %d file(s)", *rootfs, len(found))
+	}
+
+	fmt.Printf("driverfree: no file of the driver (%s, or any of %d files of the tree) where a workload looks in %s\n",
+		strings.Join(driverfree.Core, ", "), len(m), *rootfs)
+
+	return nil
+}
+
 // compare checks that our spec gives a container everything nvidia-ctk's gives it, device by
 // device (hack/cdi-e2e/specdiff); a file of theirs that ours lacks is excused only when the
 // subroot has no file of that name.
@@ -241,6 +379,8 @@ func bench(args []string) error {
 	b := fs.String("b", "", "second command (shell)")
 	nameA := fs.String("name-a", "a", "")
 	nameB := fs.String("name-b", "b", "")
+	minSpeedup := fs.Float64("min-speedup", 0, "fail unless b's median wall time is at most a's divided by this (0: not checked)")
+	maxRSS := fs.Float64("max-rss-ratio", 0, "fail unless b's median peak RSS is at most a's times this (0: not checked)")
 
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -289,7 +429,50 @@ func bench(args []string) error {
 	fmt.Printf("bench (%d runs each, alternating, median):\n", *n)
 	fmt.Printf("  %-20s wall %7.1f ms  peak RSS %6.1f MB\n", *nameA, float64(wa.Microseconds())/1000, float64(ra)/1024)
 	fmt.Printf("  %-20s wall %7.1f ms  peak RSS %6.1f MB\n", *nameB, float64(wb.Microseconds())/1000, float64(rb)/1024)
-	fmt.Printf("  %s against %s: %.2fx the speed (wall), %.2fx less peak RSS\n", *nameB, *nameA, float64(wa)/float64(wb), float64(ra)/float64(rb))
+	speedup, rssRatio := float64(wa)/float64(wb), float64(rb)/float64(ra)
+	fmt.Printf("  %s against %s: %.2fx the speed (wall), %.2fx less peak RSS (measurements)\n", *nameB, *nameA, speedup, 1/rssRatio)
+
+	return benchBounds(*nameA, *nameB, speedup, rssRatio, *minSpeedup, *maxRSS)
+}
+
+// benchBounds checks the ratios against the bounds given (0: that one is not checked) and
+// says which were.
+func benchBounds(nameA, nameB string, speedup, rssRatio, minSpeedup, maxRSS float64) error {
+	var failed []string
+
+	if minSpeedup > 0 {
+		ok := speedup >= minSpeedup
+		fmt.Printf("  bound: %s at least %.2fx the speed of %s: %.2fx, %s\n", nameB, minSpeedup, nameA, speedup, passFail(ok))
+
+		if !ok {
+			failed = append(failed, fmt.Sprintf("speed %.2fx < %.2fx", speedup, minSpeedup))
+		}
+	}
+
+	if maxRSS > 0 {
+		ok := rssRatio <= maxRSS
+		fmt.Printf("  bound: %s peak RSS at most %.2fx %s's: %.2fx, %s\n", nameB, maxRSS, nameA, rssRatio, passFail(ok))
+
+		if !ok {
+			failed = append(failed, fmt.Sprintf("peak RSS %.2fx > %.2fx", rssRatio, maxRSS))
+		}
+	}
+
+	if minSpeedup <= 0 && maxRSS <= 0 {
+		fmt.Println("  no bound given: the figures are measurements only")
+	}
+
+	if len(failed) > 0 {
+		return fmt.Errorf("bench: %s against %s: %s", nameB, nameA, strings.Join(failed, ", "))
+	}
 
 	return nil
+}
+
+func passFail(ok bool) string {
+	if ok {
+		return "PASS"
+	}
+
+	return "FAIL"
 }
