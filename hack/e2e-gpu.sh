@@ -21,6 +21,11 @@ top=$(cd "$(dirname "$0")/.." && pwd)
 tree=${1:-/usr/local/nvidia}
 out=$top/_out
 W=${E2E_WORK:-/tmp/nvidia-driver-e2e}
+. "$top/hack/e2e-lib.sh"
+# Every check prints PASS or FAIL and a FAIL fails the run; lines marked "measurement only"
+# are figures that nothing checks.
+fail=0
+result() { printf '%-62s %s\n' "$1" "$2"; [ "$2" = PASS ] || fail=1; }
 
 if [ "${E2E_INNER:-}" != 1 ]; then
   if [ ! -e /proc/driver/nvidia/version ]; then
@@ -30,7 +35,9 @@ if [ "${E2E_INNER:-}" != 1 ]; then
   [ "$(id -u)" = 0 ] || { echo "e2e-gpu: needs root" >&2; exit 2; }
   rm -rf "$W"; mkdir -p "$W"
   echo "== host: $(nvidia-smi -L 2>/dev/null | tr '\n' ' ')"
-  echo "== persistence and MIG modes before: $(nvidia-smi --query-gpu=persistence_mode,mig.mode.current --format=csv,noheader | tr '\n' ' ')"
+  # Persistence and MIG modes must be the same after the run: nothing here may change them.
+  modes_before=$(e2e_gpu_state) || { echo "e2e-gpu: FAIL: nvidia-smi cannot read the GPUs' modes"; exit 1; }
+  echo "== persistence and MIG modes before: $(echo "$modes_before" | paste -sd ';')"
 
   # runc: Debian's, unpacked here if the host has none.
   if ! command -v runc >/dev/null; then
@@ -44,23 +51,37 @@ if [ "${E2E_INNER:-}" != 1 ]; then
   echo "== subroot from $tree"
   LDCONFIG=$out/bin/ldconfig "$top/hack/build-subroot.sh" host "$W/subroot" "$tree" || exit 1
   C=$out/containers/nvidia-driver
-  "$C/lib64/ld-linux-x86-64.so.2" --library-path "$C/lib/x86_64-linux-gnu" "$C/usr/bin/nvidia-driver" check-root "$W/subroot"
-  echo "check-root exit code: $?"
+  "$C/lib64/ld-linux-x86-64.so.2" --library-path "$C/lib/x86_64-linux-gnu" "$C/usr/bin/nvidia-driver" check-root "$W/subroot" && r=PASS || r=FAIL
+  result "check-root accepts the subroot built from $tree" $r
+  # The host tree's files, for the check that the workloads' rootfs holds none of them (the
+  # tree is hidden in the namespace below).
+  "$out/bin/cdi-e2e" driverfiles --out "$W/driver-files" "$tree/lib64" "$tree/bin" | sed 's/^/  /'
+  [ "${PIPESTATUS[0]}" = 0 ] && r=PASS || r=FAIL
+  result "manifest of the driver tree's files" $r
+  export E2E_DRIVER_MANIFEST=$W/driver-files E2E_DRIVER_TREE=$tree
 
   echo "== reference: nvidia-ctk cdi generate on the host's standard layout"
   "$out/bin/nvidia-ctk" cdi generate --output "$W/ctk.yaml" 2>"$W/ctk.log" || { cat "$W/ctk.log"; exit 1; }
 
   # Cold, end to end (process start, NVML init, spec, write), each tool on its own layout:
-  # nvidia-ctk on the host's installed driver, ours on the subroot built from it.
-  echo "== benchmark: nvidia-driver cdi generate vs nvidia-ctk cdi generate"
-  [ -n "${E2E_SKIP_BENCH:-}" ] || "$out/bin/cdi-e2e" bench -n "${BENCH_RUNS:-11}" --name-a nvidia-ctk \
-    --a "$out/bin/nvidia-ctk cdi generate --output $W/bench-ctk.yaml" \
-    --name-b nvidia-driver --b "$C/lib64/ld-linux-x86-64.so.2 --library-path $C/lib/x86_64-linux-gnu $C/usr/bin/nvidia-driver cdi generate --driver-root $W/subroot --output $W/bench-ours.yaml" \
-    | sed 's/^/  /'
+  # nvidia-ctk on the host's installed driver, ours on the subroot built from it. Checked:
+  # ours no slower and no larger than nvidia-ctk's (BENCH_MIN_SPEEDUP, BENCH_MAX_RSS_RATIO);
+  # the ratios themselves are measurements.
+  if [ -z "${E2E_SKIP_BENCH:-}" ]; then
+    echo "== benchmark: nvidia-driver cdi generate vs nvidia-ctk cdi generate"
+    "$out/bin/cdi-e2e" bench -n "${BENCH_RUNS:-11}" --min-speedup "${BENCH_MIN_SPEEDUP:-1}" --max-rss-ratio "${BENCH_MAX_RSS_RATIO:-1}" \
+      --name-a nvidia-ctk --a "$out/bin/nvidia-ctk cdi generate --output $W/bench-ctk.yaml" \
+      --name-b nvidia-driver --b "$C/lib64/ld-linux-x86-64.so.2 --library-path $C/lib/x86_64-linux-gnu $C/usr/bin/nvidia-driver cdi generate --driver-root $W/subroot --output $W/bench-ours.yaml" \
+      2>&1 | sed 's/^/  /'
+    [ "${PIPESTATUS[0]}" = 0 ] && r=PASS || r=FAIL
+    result "cdi generate: ours no slower, no larger peak RSS than nvidia-ctk" $r
+  fi
 
-  if [ -x "$out/bin/persistenced-e2e" ] && [ -z "${E2E_SKIP_PERSISTENCED:-}" ]; then
+  if [ -z "${E2E_SKIP_PERSISTENCED:-}" ]; then
     echo "== nvidia-persistenced under the supervisor (hack/e2e-persistenced.sh)"
     "$top/hack/e2e-persistenced.sh" "$W/subroot" "$out/bin/persistenced-e2e" -- --kills 10 2>&1 | sed 's/^/  /'
+    [ "${PIPESTATUS[0]}" = 0 ] && r=PASS || r=FAIL
+    result "real nvidia-persistenced under the supervisor: 10 kills, stop, modes unchanged" $r
   fi
 
   # Every GPU by index and UUID, as the host's nvidia-smi numbers them: the checks below loop
@@ -76,14 +97,14 @@ if [ "${E2E_INNER:-}" != 1 ]; then
   echo "  fabric manager processes on the host: $(pgrep -c nv-fabricmanager || true)"
   E2E_INNER=1 unshare --mount --propagation private "$0" "$@"
   rc=$?
-  echo "== persistence and MIG modes after: $(nvidia-smi --query-gpu=persistence_mode,mig.mode.current --format=csv,noheader | tr '\n' ' ')"
-  [ $rc = 0 ] && echo "e2e-gpu: PASS" || echo "e2e-gpu: FAIL"
-  exit $rc
+  [ $rc = 0 ] || fail=1
+  e2e_modes_unchanged "$modes_before" && r=PASS || r=FAIL
+  result "persistence and MIG modes unchanged" $r
+  [ $fail = 0 ] && echo "e2e-gpu: PASS" || echo "e2e-gpu: FAIL"
+  exit $fail
 fi
 
 # ---- inside the private mount namespace: a host that looks like Talos -------------------
-fail=0
-result() { printf '%-62s %s\n' "$1" "$2"; [ "$2" = PASS ] || fail=1; }
 
 # /run: private, shared below like Talos's, so the service's mounts propagate as on a node.
 mount -t tmpfs e2e-run /run && mount --make-shared /run
@@ -234,8 +255,8 @@ echo "== compare our spec with nvidia-ctk's"
 result "our spec covers nvidia-ctk's, per device (nodes, mounts, hooks, env)" $r
 
 # ---- workloads with plain runc -------------------------------------------------------------
-. "$top/hack/e2e-lib.sh"
-e2e_rootfs
+e2e_rootfs && r=PASS || r=FAIL
+result "workload rootfs: no file of the host's driver where one looks" $r
 torch=$E2E_TORCH
 
 out1=$(ctr smi /run/cdi nvidia.com/gpu=all nvidia-smi -L); echo "$out1" | sed 's/^/  /'
@@ -244,9 +265,13 @@ result "ours, nvidia.com/gpu=all: nvidia-smi -L lists all $E2E_GPUS GPU(s)" $r
 out2=$(ctr torch /run/cdi nvidia.com/gpu=all /opt/torch/.venv/bin/python3 -c "$torch"); echo "$out2" | tail -3 | sed 's/^/  /'
 echo "$out2" | grep -q '^sum 1073741824' && r=PASS || r=FAIL
 result "ours, nvidia.com/gpu=all: CUDA matmul in PyTorch is right" $r
-out3=$(ctr control /run/cdi "" /opt/torch/.venv/bin/python3 -c "$torch"); echo "$out3" | tail -2 | sed 's/^/  /'
-echo "$out3" | grep -q '^sum 1073741824' && r=FAIL || r=PASS
-result "control, no CDI edits: CUDA fails" $r
+# The control: every GPU's device node and the control nodes, none of the spec's mounts.
+nodes=(/dev/nvidiactl /dev/nvidia-uvm)
+for f in /proc/driver/nvidia/gpus/*/information; do nodes+=("/dev/nvidia$(sed -n 's/^Device Minor:[[:space:]]*//p' "$f")"); done
+out3=$(E2E_INJECT=--nodes-only ctr control /run/cdi nvidia.com/gpu=all /opt/torch/.venv/bin/python3 -c "$E2E_CONTROL")
+echo "$out3" | grep -E '^(nodes|cuda) ' | sed 's/^/  /'; echo "$out3" | tail -1 | sed 's/^/  /'
+e2e_control_verdict "$out3" "${nodes[@]}" && r=PASS || r=FAIL
+result "control, device nodes without the spec's mounts: no driver for CUDA" $r
 
 # ---- NVIDIA's consumers: the device plugin (its own spec) and GPU feature discovery ---------
 if [ -z "${E2E_SKIP_CONSUMERS:-}" ]; then
@@ -334,7 +359,7 @@ for B in ${E2E_BASELINE_CONTAINERS:-${E2E_BASELINE_CONTAINER:-}}; do
   sleep 1
   bidle=$(awk '/VmRSS/{print $2}' /proc/$bpid/status 2>/dev/null)
   grep -q '"phase": "ready"' /run/nvidia-driver/status.json 2>/dev/null || { echo "  baseline not ready:"; tail -3 "$W/baseline.log" | sed 's/^/    /'; }
-  echo "  same node, same run: this build ready in ${ready_ms} ms, idle RSS ${idle} kB; baseline $(basename "$B") ready in ${bready} ms, idle RSS ${bidle:-?} kB"
+  echo "  measurement only, same node, same run: this build ready in ${ready_ms} ms, idle RSS ${idle} kB; baseline $(basename "$B") ready in ${bready} ms, idle RSS ${bidle:-?} kB"
   kill -TERM $bpid 2>/dev/null; wait $bpid
 done
 exit $fail

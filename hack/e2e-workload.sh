@@ -12,7 +12,7 @@ W=$(mktemp -d /tmp/e2e-workload.XXXXXX)
 dir=${1:-/run/cdi} dev=${2:-nvidia.com/gpu=all}
 fail=0
 
-e2e_rootfs
+if e2e_rootfs; then echo "workload: the rootfs holds none of the host's driver: PASS"; else echo "workload: the host's driver is visible in the rootfs: FAIL"; fail=1; fi
 smi=$(ctr smi "$dir" "$dev" nvidia-smi -L); echo "$smi" | sed 's/^/  /'
 if echo "$smi" | grep -q '^GPU 0: '; then echo "workload: nvidia-smi -L lists the GPU: PASS"; else echo "workload: nvidia-smi -L: FAIL"; fail=1; fi
 py=$(ctr torch "$dir" "$dev" /opt/torch/.venv/bin/python3 -c "$E2E_TORCH"); echo "$py" | tail -2 | sed 's/^/  /'
