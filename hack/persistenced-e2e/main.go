@@ -137,9 +137,17 @@ func run() error {
 	stopTook := time.Since(stopStart)
 	check(sup.Status().State == daemons.StateStopped, "state after stop is %s", sup.Status().State)
 	check(syscall.Kill(lastPID, 0) != nil, "daemon pid %d still exists after stop", lastPID)
-	for _, p := range []string{spec.PIDFile, spec.Socket} {
-		_, err := os.Lstat(p)
-		check(errors.Is(err, os.ErrNotExist), "%s left after stop", p)
+	_, err = os.Lstat(spec.PIDFile)
+	check(errors.Is(err, os.ErrNotExist), "%s left after stop", spec.PIDFile)
+	// The supervisor keeps the socket's path (Spec.KeepSocket: CDI specs bind it), with no
+	// listener once the daemon is gone.
+	if spec.KeepSocket {
+		fi, err := os.Lstat(spec.Socket)
+		check(err == nil && fi.Mode()&os.ModeSocket != 0, "%s not kept after stop (%v)", spec.Socket, err)
+		check(!answers(spec.Socket), "%s still answers after stop", spec.Socket)
+	} else {
+		_, err := os.Lstat(spec.Socket)
+		check(errors.Is(err, os.ErrNotExist), "%s left after stop", spec.Socket)
 	}
 	check(stopTook < 8*time.Second, "stop took %s (Talos kills at 10 s)", stopTook)
 	time.Sleep(200 * time.Millisecond) // let the daemon's last datagrams in
