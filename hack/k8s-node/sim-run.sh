@@ -22,6 +22,7 @@ t0=$SECONDS
 hack/simnvml/build.sh _out/subroot-debian _out/subroot-sim || exit 1
 _out/bin/extension -out _out -name nvidia-driver-dev-sim -payload _out/subroot-sim >/dev/null || exit 1
 CGO_ENABLED=0 go build -trimpath -ldflags "-s -w" -o _out/bin/harness ./hack/harness || exit 1
+(cd hack/k8s-node/kube && CGO_ENABLED=0 go build -trimpath -ldflags "-s -w" -o "$top/_out/bin/cdiplugin" ./cdiplugin) || exit 1
 echo "sim-run: built in $((SECONDS - t0)) s"
 # The kernel's /proc/driver entries, in the service's container and in every container of
 # the node (hack/simnvml/prochook).

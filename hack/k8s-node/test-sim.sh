@@ -11,7 +11,10 @@
 #     allocated to it (its checkpoint), through the plugin's CDI spec and containerd's CDI
 #     injection, with the control nodes, and nothing of the other six;
 #   - a container that containerd creates with the service's own spec (/run/cdi/nvidia.yaml,
-#     nvidia.com/gpu=3) gets /dev/nvidia3 and no other GPU.
+#     nvidia.com/gpu=3) gets /dev/nvidia3 and no other GPU;
+#   - a pod given one of that spec's devices by the kubelet (a device plugin's cdi_devices
+#     answer: hack/k8s-node/kube/cdiplugin) gets exactly that GPU's device node; a pod's own
+#     CDI annotation gets it none.
 # CUDA cannot run here: the device nodes are real character devices at NVIDIA's majors with
 # no driver behind them (opening one fails with ENXIO). Prints PASS/FAIL lines; exits non-zero
 # on a failure.
@@ -43,13 +46,47 @@ echo "  kubelet allocated: $want; the pod saw GPU nodes: $got"
 check "gpu-two saw exactly the device nodes of its 2 GPUs ($got)" test -n "$want" -a "$got" = "$want" -a "$(wc -w <<<"$got")" = 2
 check "gpu-two saw the control nodes nvidiactl, nvidia-uvm" grep -q 'nvidiactl.*nvidia-uvm\|nvidia-uvm.*nvidiactl' <<<"$seen"
 
-# --- the service's own spec, through containerd's CDI injection
+# --- the service's own spec (/run/cdi/nvidia.yaml, nvidia.com/gpu=N), through containerd's CDI
+# injection: for a containerd client (ctr), and for a pod through the kubelet, whose only
+# way to name a CDI device is a device plugin's (or DRA driver's) answer. A pod's own CDI
+# annotation reaches no container: the kubelet gives a container the device plugins'
+# annotations alone (k8s.io/kubernetes v1.36.3 pkg/kubelet/kuberuntime/labels.go
+# newContainerAnnotations), and containerd 2.2.7 reads CDI annotations from the container's
+# CRI config only (internal/cri/opts/spec_linux.go WithCDI). The plugin that names the
+# service's devices is the test's own (hack/k8s-node/kube/cdiplugin); the simulated GPUs'
+# minors are their indices.
 spec=/run/cdi/nvidia.yaml
 if [[ -f $spec ]]; then
 	out=$(ctr -n k8s.io run --rm --device nvidia.com/gpu=3 "docker.io/$img" sim-cdi /bin/sh -c 'ls /dev | grep nvidia | sort | tr "\n" " "' 2>"$K8S_NODE_DIR/logs/ctr-run.log")
 	echo "  ctr run --device nvidia.com/gpu=3 (the service's $spec): its /dev: $out"
 	got=$(tr ' ' '\n' <<<"$out" | grep -E '^nvidia[0-9]+$' | tr '\n' ' ' | sed 's/ $//')
 	check "a container with nvidia.com/gpu=3 from the service's spec saw exactly /dev/nvidia3 ($got)" test "$got" = nvidia3
+
+	res=test.nvidia-driver/cdi-gpu
+	"$top/_out/bin/cdiplugin" -spec "$spec" -resource $res >"$K8S_NODE_DIR/logs/cdiplugin.log" 2>&1 &
+	wait_alloc $res 8 "the service's spec's GPUs, named by hack/k8s-node/kube/cdiplugin"
+	pod svc-cdi $res 1
+	kubectl apply -f - >/dev/null 2>&1 <<EOF
+apiVersion: v1
+kind: Pod
+metadata: {name: cdi-annotation, annotations: {cdi.k8s.io/test: nvidia.com/gpu=3}}
+spec:
+  restartPolicy: Never
+  tolerations: [{key: nvidia.com/gpu, operator: Exists, effect: NoSchedule}]
+  containers:
+  - {name: work, image: $img, imagePullPolicy: Never, command: ["/bin/sh", "-c", "ls /dev | grep nvidia; true"]}
+EOF
+	wait_pod svc-cdi
+	wait_pod cdi-annotation
+	seen=$(kubectl logs svc-cdi 2>&1)
+	want=$(allocated svc-cdi $res | sed 's/^/nvidia/')
+	got=$(tr ' ' '\n' <<<"$seen" | grep -E '^nvidia[0-9]+$' | tr '\n' ' ' | sed 's/ $//')
+	echo "  svc-cdi: phase $(phase svc-cdi); kubelet allocated $res ${want#nvidia} ($(grep -o 'cdiDevices=.*' "$K8S_NODE_DIR/logs/cdiplugin.log" | head -1)); its /dev: $seen"
+	check "a pod given nvidia.com/gpu=${want#nvidia} of the service's spec by the kubelet saw exactly /dev/$want ($got)" test -n "$want" -a "$got" = "$want"
+	check "svc-cdi saw the control nodes nvidiactl, nvidia-uvm" grep -q 'nvidiactl.*nvidia-uvm\|nvidia-uvm.*nvidiactl' <<<"$seen"
+	ann=$(kubectl logs cdi-annotation 2>&1 | tr '\n' ' ')
+	echo "  cdi-annotation (pod annotation cdi.k8s.io/test: nvidia.com/gpu=3): phase $(phase cdi-annotation); its /dev: $ann"
+	check "a pod's own CDI annotation gets it no device (the kubelet does not pass it on)" test "$(phase cdi-annotation)" = Succeeded -a -z "$(tr -d ' ' <<<"$ann")"
 else
 	failed "the service wrote no $spec"
 fi
