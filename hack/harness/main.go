@@ -68,6 +68,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	changes := fs.Int("changes", 0, "with -after-ready: run it in the background and change the document this many times meanwhile (a restart by Talos each)")
 	changeEvery := fs.Duration("change-every", 0, "with -changes: wait this long before each change")
 	runc := fs.String("runc", "runc", "runc binary")
+	ociHook := fs.String("oci-hook", "", "an OCI createContainer hook for the service's container, program and arguments separated by spaces (a simulated node's /proc/driver: hack/simnvml/prochook)")
 	asJSON := fs.Bool("json", false, "print the result as JSON")
 
 	if err := fs.Parse(args); err != nil {
@@ -120,7 +121,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	res, err := harness.Run(harness.Options{
 		Extension: *ext, Document: doc, DocumentAfter: *docAfter, Until: strings.Split(*until, ","),
 		Wait: *wait, Hold: *hold, Then: *then, ThenDocument: &harness.Document{Environment: thenEnv}, Overrides: over, AfterReady: *afterReady, BeforeBoot: *beforeBoot, AfterPhases: strings.Split(*afterPhases, ","), Changes: *changes, ChangeEvery: *changeEvery,
-		Work: os.Getenv(envInside), Runc: runcPath, Log: stderr,
+		Work: os.Getenv(envInside), Runc: runcPath, Log: stderr, CreateContainerHook: strings.Fields(*ociHook),
 	})
 	if err != nil {
 		fmt.Fprintln(stderr, "harness:", err)

@@ -31,7 +31,12 @@
 #   - on machines that need it: restrict_oom_score_adj in containerd (VMs that refuse to lower
 #     OOM scores) and failCgroupV1: false in the kubelet (cgroup v1);
 #   - K8S_NODE_CONTAINERD_PART: extra containerd config (20-customization.part);
-#     K8S_NODE_KUBELET_EXTRA: extra kubelet config lines.
+#     K8S_NODE_KUBELET_EXTRA: extra kubelet config lines;
+#   - K8S_NODE_OCI_HOOK ("PROGRAM ARGS..."): an OCI createContainer hook added to the base
+#     runtime spec, so that runc runs it for every container the kubelet asks for (containerd's
+#     CRI starts each spec from the base spec and changes no hooks: internal/cri/server/
+#     container_create.go runtimeSpec). The simulated node's /proc/driver (sim-run.sh,
+#     hack/simnvml/prochook); Talos's base spec has none.
 set -euo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
@@ -306,7 +311,17 @@ version = 3
 [plugins."io.containerd.nri.v1.nri"]
   disable = true
 EOF
-	cp "$bin/base-spec.json" "$W/cri/conf.d/base-spec.json"
+	if [[ -n ${K8S_NODE_OCI_HOOK:-} ]]; then
+		# shellcheck disable=SC2086 # the program and its arguments
+		python3 - "$bin/base-spec.json" "$W/cri/conf.d/base-spec.json" $K8S_NODE_OCI_HOOK <<'EOF'
+import json, sys
+spec = json.load(open(sys.argv[1]))
+spec.setdefault("hooks", {}).setdefault("createContainer", []).append({"path": sys.argv[3], "args": sys.argv[3:]})
+json.dump(spec, open(sys.argv[2], "w"), indent=2)
+EOF
+	else
+		cp "$bin/base-spec.json" "$W/cri/conf.d/base-spec.json"
+	fi
 	# What a user would put in /etc/cri/conf.d/20-customization.part, plus the test node's
 	# CNI paths (Talos: /opt/cni/bin and /etc/cni/net.d).
 	cat >"$W/cri/conf.d/20-customization.part" <<EOF

@@ -3,7 +3,8 @@
 # NVIDIA's: a copy of SUBROOT (default _out/subroot-debian, `make subroot`) whose
 # libnvidia-ml.so.<version> is this library under the same name, so that the driver version
 # (read from that name by pkg/driverroot, reported by NVML, used by nvcdi to find the other
-# libraries) stays the subroot's. Also builds the node tool (hack/simnvml/node).
+# libraries) stays the subroot's. Also builds the node tool (hack/simnvml/node), the MIG
+# listing (migls) and the /proc/driver hook (prochook).
 #
 #   hack/simnvml/build.sh [SUBROOT [OUT]]      OUT default _out/subroot-sim
 set -euo pipefail
@@ -14,6 +15,8 @@ cd "$top"
 export CGO_ENABLED=1 CGO_CFLAGS="${CGO_CFLAGS:--O2 -Wno-deprecated-declarations}"
 go build -trimpath -buildmode=c-shared -ldflags '-s -w' -o _out/simnvml/libnvidia-ml.so ./hack/simnvml
 go build -trimpath -ldflags '-s -w' -o _out/bin/simnvml-node ./hack/simnvml/node
+go build -trimpath -ldflags '-s -w' -o _out/bin/simnvml-migls ./hack/simnvml/migls
+CGO_ENABLED=0 go build -trimpath -ldflags '-s -w' -o _out/bin/simnvml-prochook ./hack/simnvml/prochook
 real=$(basename "$(readlink -f "$src/usr/lib64/libnvidia-ml.so.1")")
 [[ $real == libnvidia-ml.so.* ]] || { echo "simnvml: $src has no libnvidia-ml.so.1" >&2; exit 1; }
 rm -rf "$out.new"

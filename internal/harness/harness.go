@@ -66,6 +66,11 @@ type Options struct {
 	// services start (e.g. hack/k8s-node/sim-node.sh: a simulated GPU node's driver state and
 	// /proc files). Its failure is the harness's.
 	BeforeBoot string
+	// CreateContainerHook, when set, is an OCI createContainer hook (program, then its
+	// arguments) added to the service's container, which Talos never adds: a simulated node's
+	// stand-in for the kernel's /proc/driver entries, which no process can add to a procfs
+	// (hack/simnvml/prochook).
+	CreateContainerHook []string
 
 	callerDir string // the caller's working directory, for AfterReady and BeforeBoot
 }
@@ -235,7 +240,7 @@ func Run(o Options) (Result, error) {
 	}
 	defer logFile.Close() //nolint:errcheck
 
-	node := &talosNode{svc: svc, runc: o.Runc, work: o.Work, log: o.Log, logFile: logFile, cfgGroup: cgroup}
+	node := &talosNode{svc: svc, runc: o.Runc, work: o.Work, log: o.Log, logFile: logFile, cfgGroup: cgroup, hook: o.CreateContainerHook}
 
 	fmt.Fprintf(o.Log, "harness: starting %s with runc (rootfs %s, propagation %q, %d capabilities, seccomp %d syscalls)\n",
 		res.Service, ctrRoot, res.RootfsPropagates, res.CapabilityCount, res.SeccompSyscalls)

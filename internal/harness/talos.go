@@ -79,6 +79,7 @@ type talosNode struct {
 	log      io.Writer
 	logFile  *os.File // the service's output, every container run appended
 	cfgGroup string   // cgroup path of the container
+	hook     []string // Options.CreateContainerHook
 
 	mu      sync.Mutex
 	doc     *Document
@@ -386,7 +387,18 @@ func (n *talosNode) runner() (*specs.Spec, error) {
 		}
 	}
 
-	return Spec(n.svc, serviceConfig(n.configBase(), n.svc.Name, doc), n.cfgGroup)
+	spec, err := Spec(n.svc, serviceConfig(n.configBase(), n.svc.Name, doc), n.cfgGroup)
+	if err != nil || len(n.hook) == 0 {
+		return spec, err
+	}
+
+	if spec.Hooks == nil {
+		spec.Hooks = &specs.Hooks{}
+	}
+
+	spec.Hooks.CreateContainer = append(spec.Hooks.CreateContainer, specs.Hook{Path: n.hook[0], Args: n.hook})
+
+	return spec, nil
 }
 
 // runContainer runs the container of spec until it exits or r is stopped.

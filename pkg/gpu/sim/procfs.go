@@ -19,9 +19,14 @@ const (
 	MajorCaps   = 508
 )
 
-// The driver numbers MIG capability minors as: config 1, monitor 2, then for each GPU 15 GPU
-// instances, each followed by its 8 compute instances.
+// The driver numbers its capability minors from one counter over fixed tables
+// (kernel-open/nvidia/nv-caps.c nv_cap_tables_init): the NVLink fabric-mgmt capability 0, MIG
+// config 1 and monitor 2, then for each of 32 GPUs 15 GPU instances, each followed by its 8
+// compute instances. /proc/driver/nvidia-caps/mig-minors lists every entry of those tables,
+// whether the GPU or instance exists or not (nv_procfs_read_mig_minors: "config 1",
+// "gpu0/gi0/access 3", "gpu0/gi0/ci0/access 4", ...).
 const (
+	migGPUs      = 32
 	migGIsPerGPU = 15
 	migCIsPerGI  = 8
 )
@@ -73,7 +78,7 @@ func WriteProcFS(hostRoot string, lib nvml.Interface) error {
 
 	minors.WriteString("config 1\nmonitor 2\n")
 
-	for m := range max(len(gpus), 8) {
+	for m := range migGPUs {
 		for gi := range migGIsPerGPU {
 			fmt.Fprintf(&minors, "gpu%d/gi%d/access %d\n", m, gi, MigMinor(m, gi, -1))
 
