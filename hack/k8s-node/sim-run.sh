@@ -7,12 +7,16 @@
 #      children that load the library from the subroot), after sim-node.sh has given the
 #      harness's node the simulated driver's state and /proc files (-before-boot), with
 #      persistenced off (it talks to the kernel driver, which is not there);
-#   3. while it is ready, a one-node cluster (cluster.sh -gpu) running test-sim.sh.
+#   3. while it is ready, a one-node cluster (cluster.sh -gpu) running TEST (default
+#      hack/k8s-node/test-sim.sh; hack/k8s-node/test-dra.sh runs NVIDIA's DRA driver there).
+#
+#   hack/k8s-node/sim-run.sh [TEST]
 # What cannot be simulated: CUDA, and anything else that talks to the kernel driver rather
 # than to NVML (nvidia-persistenced, nvidia-smi's own ioctls, the fabric manager).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 top=$PWD
+test=$(realpath "${1:-hack/k8s-node/test-sim.sh}")
 t0=$SECONDS
 hack/simnvml/build.sh _out/subroot-debian _out/subroot-sim || exit 1
 _out/bin/extension -out _out -name nvidia-driver-dev-sim -payload _out/subroot-sim >/dev/null || exit 1
@@ -22,7 +26,7 @@ PATH=$top/_out/k8s-node/bin:$PATH _out/bin/harness -extension _out/extensions/nv
 	-before-boot "$top/hack/k8s-node/sim-node.sh" \
 	-env NVIDIA_DRIVER_HOST_ROOT=/run/nvidia/sim -env NVIDIA_DRIVER_PERSISTENCED=false \
 	-until ready,degraded -after-ready-phases ready,degraded -wait 120s -runc "$top/_out/k8s-node/bin/runc" \
-	-after-ready "$top/hack/k8s-node/cluster.sh -gpu -- $top/hack/k8s-node/test-sim.sh"
+	-after-ready "$top/hack/k8s-node/cluster.sh -gpu -- $test"
 rc=$?
 echo "sim-run: exit $rc after $((SECONDS - t0)) s"
 exit $rc
