@@ -148,9 +148,10 @@ watch_phases dra-b
 sleep 1
 pod dra-a 0 "$work; sleep 20" gpu
 until_true 90 'test "$(phase dra-a)" = Running || finished dra-a' || explain dra-a
-check "dra-a Running with claim gpu allocated ($(allocated gpu)), $(since "$ta") s after it was created" \
+took=$(since "$ta")
+check "dra-a Running with claim gpu allocated ($(allocated gpu)), $took s after it was created" \
 	test "$(phase dra-a)" = Running -a "$(allocated gpu)" != /
-echo "MEASURE dra: pod with a ResourceClaim created -> Running: $(since "$ta") s"
+echo "MEASURE dra: pod with a ResourceClaim created -> Running: $took s"
 dev=$(allocated gpu)
 uuid=$(gpus_of | awk -F'\t' -v d="${dev#*/}" '$1 == d {print $3}')
 echo "  claim gpu: device $dev, uuid $uuid"
@@ -170,7 +171,7 @@ spec_gpus=$(cat $cdi 2>/dev/null | grep -E '[pP]ath: [^ ]*/dev/nvidia[0-9]+$' | 
 
 # The second claim, for the same device, while the first pod holds it.
 if [[ $(gpus_of | wc -l) == 1 ]]; then claim gpu-second; else claim gpu-second "device.attributes['gpu.nvidia.com'].uuid == '$uuid'"; fi
-pod dra-b 0 "$work" gpu-second
+pod dra-b 0 "$work; sleep 5" gpu-second
 sleep 10
 reason=$(jp pod dra-b -o 'jsonpath={.status.conditions[?(@.type=="PodScheduled")].reason}: {.status.conditions[?(@.type=="PodScheduled")].message}')
 check "the second claim for the same device stays unallocated and its pod Pending while dra-a runs ($reason)" \
@@ -179,8 +180,10 @@ until_true 90 'finished dra-a'
 td=$(date +%s.%N)
 until_true 120 'test "$(phase dra-b)" = Running || finished dra-b' || explain dra-b
 echo "MEASURE dra: first pod done -> second pod Running (the claim released and allocated again): $(since "$td") s"
+# (read while dra-b runs: once it is done, its claim is released too)
+devb=$(allocated gpu-second)
+check "claim gpu-second was allocated the same device ($devb)" test "$devb" = "$dev"
 until_true 90 'finished dra-b'
-check "claim gpu-second was allocated the same device ($(allocated gpu-second))" test "$(allocated gpu-second)" = "$dev"
 for p in dra-a dra-b; do
 	out=$(kubectl logs "$p" 2>&1)
 	echo "$out" >"$logs/$p.log"
