@@ -16,8 +16,9 @@ import (
 
 // draValues is the part of the DRA driver chart's values that deploy/dra/values.yaml sets, as
 // read in deployments/helm/dra-driver-nvidia-gpu/values.yaml and templates/kubeletplugin.yaml
-// at kubernetes-sigs/dra-driver-nvidia-gpu v0.4.0. Decoded strictly: a key the chart does not
-// have fails here (the chart itself is not served by the module proxy, so CI cannot render it).
+// at kubernetes-sigs/dra-driver-nvidia-gpu v0.4.1. Decoded strictly: a key the chart does not
+// have fails here (the chart itself is not served by the module proxy, so CI cannot render it;
+// hack/dra/build.sh renders it from a checkout of the tag).
 type draValues struct {
 	NvidiaDriverRoot  string `json:"nvidiaDriverRoot"`
 	NvidiaCDIHookPath string `json:"nvidiaCDIHookPath"`
@@ -25,8 +26,9 @@ type draValues struct {
 		GPUs           struct{ Enabled bool } `json:"gpus"`
 		ComputeDomains struct{ Enabled bool } `json:"computeDomains"`
 	} `json:"resources"`
-	FeatureGates  map[string]bool `json:"featureGates"`
-	KubeletPlugin struct {
+	GPUResourcesEnabledOverride bool            `json:"gpuResourcesEnabledOverride"`
+	FeatureGates                map[string]bool `json:"featureGates"`
+	KubeletPlugin               struct {
 		Tolerations []corev1.Toleration `json:"tolerations"`
 		Affinity    *corev1.Affinity    `json:"affinity"`
 	} `json:"kubeletPlugin"`
@@ -41,6 +43,7 @@ func TestDRAValues(t *testing.T) {
 	assert.Equal(t, "/usr/bin/nvidia-cdi-hook", v.NvidiaCDIHookPath, "the extension's hook, on the host")
 	assert.True(t, v.Resources.GPUs.Enabled)
 	assert.False(t, v.Resources.ComputeDomains.Enabled, "no IMEX daemon on these nodes")
+	assert.True(t, v.GPUResourcesEnabledOverride, "templates/validation.yaml refuses GPUs on without it")
 	assert.False(t, v.FeatureGates["DynamicMIG"], "the service owns the MIG layout")
 	assert.Contains(t, v.KubeletPlugin.Tolerations, corev1.Toleration{Key: "nvidia.com/gpu", Operator: corev1.TolerationOpExists, Effect: corev1.TaintEffectNoSchedule})
 

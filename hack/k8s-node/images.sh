@@ -42,6 +42,30 @@ pack() {
 		"$out/image" -rootfs "$R/$n" -out "$out/$n.tar" "${flags[@]}" >/dev/null
 	done
 }
+base_at() { # DIR: the distroless-like base with glibc and busybox ($out/busybox) in DIR
+	local r=$1 a l
+	mkdir -p "$r/busybox" "$r/bin" "$r/usr/bin" "$r/lib64" "$r/lib/x86_64-linux-gnu" "$r/tmp" "$r/etc"
+	chmod 1777 "$r/tmp"
+	install -m 0755 "$out/busybox" "$r/busybox/busybox"
+	for a in $("$r/busybox/busybox" --list); do
+		[[ $a == busybox ]] || ln -s busybox "$r/busybox/$a"
+	done
+	ln -s /busybox/sh "$r/bin/sh"
+	cp -L /lib64/ld-linux-x86-64.so.2 "$r/lib64/"
+	for l in libc.so.6 libm.so.6 libdl.so.2 libpthread.so.0 librt.so.1; do
+		cp -L "/lib/x86_64-linux-gnu/$l" "$r/lib/x86_64-linux-gnu/"
+	done
+	printf 'root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534:nobody:/nonexistent:/bin/false\n' >"$r/etc/passwd"
+	printf 'root:x:0:\nnogroup:x:65534:\n' >"$r/etc/group"
+}
+base() { base_at "$R/$1"; } # NAME: the base in rootfs/NAME
+# `images.sh base DIR`: that base alone, for images built elsewhere (hack/dra/build.sh), after
+# images.sh has run once (it needs $out/busybox).
+if [[ ${1:-} == base ]]; then
+	[[ -x $out/busybox && -n ${2:-} ]] || { echo "images.sh base DIR: needs DIR and $out/busybox (run images.sh first)" >&2; exit 1; }
+	base_at "$2"
+	exit 0
+fi
 if [[ ${1:-} == pack ]]; then
 	pack
 	exit 0
@@ -81,22 +105,6 @@ fi
 dpkg -x "$W"/deb/busybox-static_*.deb "$W/deb/x"
 install -m 0755 "$W/deb/x/bin/busybox" "$out/busybox"
 
-base() { # NAME: the distroless-like base with glibc and busybox in rootfs/NAME
-	local r=$R/$1
-	mkdir -p "$r/busybox" "$r/bin" "$r/usr/bin" "$r/lib64" "$r/lib/x86_64-linux-gnu" "$r/tmp" "$r/etc"
-	chmod 1777 "$r/tmp"
-	install -m 0755 "$out/busybox" "$r/busybox/busybox"
-	for a in $("$r/busybox/busybox" --list); do
-		[[ $a == busybox ]] || ln -s busybox "$r/busybox/$a"
-	done
-	ln -s /busybox/sh "$r/bin/sh"
-	cp -L /lib64/ld-linux-x86-64.so.2 "$r/lib64/"
-	for l in libc.so.6 libm.so.6 libdl.so.2 libpthread.so.0 librt.so.1; do
-		cp -L "/lib/x86_64-linux-gnu/$l" "$r/lib/x86_64-linux-gnu/"
-	done
-	printf 'root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534:nobody:/nonexistent:/bin/false\n' >"$r/etc/passwd"
-	printf 'root:x:0:\nnogroup:x:65534:\n' >"$r/etc/group"
-}
 env_path=PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin:/busybox
 
 base base

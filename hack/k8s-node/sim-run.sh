@@ -10,6 +10,10 @@
 #   3. while it is ready, a one-node cluster (cluster.sh -gpu) running test-sim.sh;
 #   4. the same with the MIG layout all-1g set in the service's ExtensionServiceConfig,
 #      running test-sim-mig.sh (the plugin's mixed and single strategies).
+# With TEST, only step 3, running TEST instead (hack/k8s-node/test-dra.sh runs NVIDIA's DRA
+# driver there).
+#
+#   hack/k8s-node/sim-run.sh [TEST]
 # The kernel's /proc/driver entries reach every container through an OCI createContainer
 # hook (hack/simnvml/prochook): the service's (harness -oci-hook) and the node's (the base
 # runtime spec, cluster.sh K8S_NODE_OCI_HOOK).
@@ -35,6 +39,12 @@ node() { # CHECKS [HARNESS ARGS...]: one harness run of the simulated node, CHEC
 		-until ready,degraded -after-ready-phases ready,degraded -wait 120s -runc "$top/_out/k8s-node/bin/runc" \
 		-after-ready "$top/hack/k8s-node/cluster.sh -gpu -- $checks"
 }
+if [ -n "${1:-}" ]; then
+	node "$(realpath "$1")"
+	rc=$?
+	echo "sim-run: exit $rc after $((SECONDS - t0)) s"
+	exit $rc
+fi
 rc=0
 t1=$SECONDS
 node "$top/hack/k8s-node/test-sim.sh" || rc=1

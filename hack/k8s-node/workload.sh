@@ -32,9 +32,14 @@ workload_image() {
 }
 
 # The test pods: REF of workload_image in $img.
-pod() { # NAME GPUS COMMAND: a pod of the workload image, tolerating the GPU node's taint
-	local res=""
+pod() { # NAME GPUS COMMAND [CLAIM]: a pod of the workload image, tolerating the GPU node's taint;
+	# with CLAIM, its GPU is that ResourceClaim's (DRA) instead of GPUS nvidia.com/gpu
+	local res="" claims=""
 	[[ $2 -gt 0 ]] && res="resources: {limits: {nvidia.com/gpu: $2}}"
+	if [[ -n ${4:-} ]]; then
+		res="resources: {claims: [{name: gpu}]}"
+		claims="resourceClaims: [{name: gpu, resourceClaimName: $4}]"
+	fi
 	# (The test pods run as root: Talos warns about, but allows, what "restricted" would refuse.)
 	kubectl apply -f - 2>&1 >/dev/null <<EOF | grep -v '^Warning: would violate PodSecurity'
 apiVersion: v1
@@ -43,6 +48,7 @@ metadata: {name: $1, labels: {k8s-node-test: $1}}
 spec:
   restartPolicy: Never
   tolerations: [{key: nvidia.com/gpu, operator: Exists, effect: NoSchedule}]
+  $claims
   containers:
   - name: work
     image: $img
