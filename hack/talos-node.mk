@@ -23,7 +23,7 @@ test-talos-node: extension talos-node-build
 	TALOS_NODE_KUBERNETES=0 hack/talos-node/test.sh $(TALOS_NODE_EXTENSION) $(OUT)/talos-node/run
 	hack/talos-node/control.sh $(TALOS_NODE_EXTENSION) $(OUT)/talos-node/control
 
-# The same checks against the extension with its service YAML given back `source: tmpfs`
-# (the defect the node exists to catch): passes only when test.sh fails.
+# One control (TALOS_NODE_CONTROL=tmpfs, depends or exit; default tmpfs, the defect the node
+# exists to catch): passes only when test.sh fails on it.
 talos-node-control: extension talos-node-build
 	hack/talos-node/control.sh $(TALOS_NODE_EXTENSION) $(OUT)/talos-node/control

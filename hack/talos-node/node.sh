@@ -3,6 +3,9 @@
 # inside a virtual machine, with the given extensions' files in its root filesystem, and waits
 # until its API answers talosctl. Everything after that goes through talosctl.
 #   node.sh start DIR [EXTENSION_DIR...]   DIR: the node's state (talosconfig, console.log, qemu pid)
+#   node.sh restart DIR   the node's container restarted, as `docker restart` restarts a Talos
+#                         node in a container (talosctl reboot is refused in container mode),
+#                         then waits until apid answers again
 #   node.sh stop DIR
 # EXTENSION_DIR: an extension image's directory as `make extension` writes it (its rootfs/ goes
 # to the node's /, as Talos puts an extension's files on a node).
@@ -36,14 +39,49 @@ stop() {
 	fi
 }
 
+# wait_apid: until talosctl version answers (the guest's console's end if it never does).
+wait_apid() {
+	local start=$SECONDS timeout=${TALOS_NODE_BOOT_TIMEOUT:-900}
+	until "$talosctl" --talosconfig "$dir/talosconfig" version >/dev/null 2>&1; do
+		if ! kill -0 "$(cat "$dir/qemu.pid")" 2>/dev/null; then
+			echo "node.sh: the guest stopped before apid answered; its console:" >&2
+			tail -50 "$dir/console.log" >&2
+			return 1
+		fi
+		if ((SECONDS - start > timeout)); then
+			echo "node.sh: apid did not answer in ${timeout} s; the console's end:" >&2
+			tail -50 "$dir/console.log" >&2
+			return 1
+		fi
+		sleep 5
+	done
+	echo "node.sh: apid answered $((SECONDS - start)) s after the guest started the node" >&2
+	echo "$((SECONDS - start))" >"$dir/apid.seconds"
+}
+
+# restart: the guest's init (guest/init, restart-node) stops the node's container and starts
+# it again; it answers once the container has stopped.
+restart() {
+	local reply
+	exec 3<>"/dev/tcp/127.0.0.1/$(cat "$dir/control.port")" || return 1
+	echo restart >&3
+	read -r -t 300 reply <&3 || true
+	exec 3>&-
+	[ "$reply" = stopping ] || { echo "node.sh: the guest did not restart the node (reply: ${reply:-none})" >&2; return 1; }
+	echo "node.sh: the node stopped; the guest starts it again" >&2
+	wait_apid
+}
+
 case $cmd in
 stop) stop; exit 0 ;;
+restart) restart; exit ;;
 start) ;;
 *) echo "node.sh: unknown command $cmd" >&2; exit 2 ;;
 esac
 stop
 
-# Free ports on 127.0.0.1 for apid and the API server, forwarded to the guest's 50000 and 6443.
+# Free ports on 127.0.0.1 for apid, the guest's restart control and the API server,
+# forwarded to the guest's 50000, 50900 and 6443.
 # (Nothing answering a connect; qemu fails to start if another takes one meanwhile.)
 free_port() {
 	local p
@@ -56,7 +94,9 @@ free_port() {
 }
 port=$(free_port)
 echo "$port" >"$dir/apid.port"
-forwards="hostfwd=tcp:127.0.0.1:$port-:50000"
+cport=$(free_port)
+echo "$cport" >"$dir/control.port"
+forwards="hostfwd=tcp:127.0.0.1:$port-:50000,hostfwd=tcp:127.0.0.1:$cport-:50900"
 if [ -n "${TALOS_NODE_REGISTRY_PORT:-}" ]; then
 	kport=$(free_port)
 	echo "$kport" >"$dir/kube.port"
@@ -109,20 +149,4 @@ qemu-system-x86_64 -accel "$accel" -cpu max -smp "$cpus" -m "$mem" \
 	-daemonize -pidfile "$dir/qemu.pid"
 echo "node.sh: guest started (qemu $(cat "$dir/qemu.pid"), apid at 127.0.0.1:$port, console $dir/console.log)" >&2
 
-start=$SECONDS
-timeout=${TALOS_NODE_BOOT_TIMEOUT:-900}
-until "$talosctl" --talosconfig "$dir/talosconfig" version >/dev/null 2>&1; do
-	if ! kill -0 "$(cat "$dir/qemu.pid")" 2>/dev/null; then
-		echo "node.sh: the guest stopped before apid answered; its console:" >&2
-		tail -50 "$dir/console.log" >&2
-		exit 1
-	fi
-	if ((SECONDS - start > timeout)); then
-		echo "node.sh: apid did not answer in ${timeout} s; the console's end:" >&2
-		tail -50 "$dir/console.log" >&2
-		exit 1
-	fi
-	sleep 5
-done
-echo "node.sh: apid answered $((SECONDS - start)) s after the guest started" >&2
-echo "$((SECONDS - start))" >"$dir/apid.seconds"
+wait_apid

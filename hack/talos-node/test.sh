@@ -7,7 +7,8 @@
 #   test.sh EXTENSION_DIR [STATE_DIR]
 # EXTENSION_DIR: the extension image's directory (make extension: _out/extensions/nvidia-driver-dev).
 # TALOS_NODE_KEEP=1 leaves the node running at the end. TALOS_NODE_KUBERNETES=0 leaves out the
-# registry, the bootstrap and the Kubernetes checks (the controls, which fail before them).
+# registry, the bootstrap and the Kubernetes checks. TALOS_NODE_FAIL_FAST=1 ends the script at
+# the first failed check (the controls, which need only to see the checks fail).
 set -uo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
@@ -28,7 +29,14 @@ k() { "$k8s_bin/kubectl" --kubeconfig "$dir/kubeconfig" "$@"; }
 k8s_bin=${K8S_NODE_BIN:-$here/../../_out/k8s-node}/bin
 top=$(cd "$here/../.." && pwd)
 say() { printf '\n=== %s\n' "$*"; }
-fail() { echo "FAIL: $*"; failed=1; }
+fail() {
+	echo "FAIL: $*"
+	failed=1
+	if [ "${TALOS_NODE_FAIL_FAST:-}" = 1 ]; then
+		echo "talos-node: FAIL"
+		exit 1
+	fi
+}
 # capture NAME: talosctl service ext-nvidia-driver, saved and printed.
 capture() {
 	t service "$svc" >"$dir/outputs/$1.txt" 2>&1
@@ -48,10 +56,16 @@ until_ok() {
 }
 running() { [ "$(state)" = Running ]; }
 logged() { logs | grep -q -- "$1"; }
+# The service's log since its last start.
+last_run() { logs | awk '/msg=starting version=/ { run = "" } { run = run $0 "\n" } END { printf "%s", run }'; }
 # apply FILE: the node's machine config with that ExtensionServiceConfig, as a user applies it
-# (talosctl apply-config, no reboot): the document replaces the one before.
+# (talosctl apply-config, no reboot): the document replaces the one before; with FILE "", the
+# machine config without one.
 apply() {
-	{ cat "$dir/config/controlplane.yaml"; echo ---; cat "$1"; } >"$dir/applied.yaml"
+	{
+		cat "$dir/config/controlplane.yaml"
+		[ -z "$1" ] || { echo ---; cat "$1"; }
+	} >"$dir/applied.yaml"
 	t apply-config --mode=no-reboot --file "$dir/applied.yaml" >/dev/null
 }
 doc() { # doc FILE VAR=VALUE...: an ExtensionServiceConfig for the service with that environment.
@@ -140,13 +154,13 @@ fi
 logs | tail -5 | sed 's/^/    /'
 
 say "first document: added to the running node; Talos keeps the service running; a restart gives it the document"
-starts=$(count 'msg=starting')
+starts=$(count 'msg=starting version=')
 doc "$dir/doc1.yaml" NVIDIA_DRIVER_LOG_LEVEL=debug
 apply "$dir/doc1.yaml" || fail "talosctl apply-config (first document) failed"
 until_ok "$wait_s" t get extensionserviceconfigs nvidia-driver >/dev/null 2>&1 || fail "Talos never had the document"
 sleep 20
 t get extensionserviceconfigs nvidia-driver | sed 's/^/    /'
-[ "$(count 'msg=starting')" = "$starts" ] || fail "the service restarted on its first document in container mode"
+[ "$(count 'msg=starting version=')" = "$starts" ] || fail "the service restarted on its first document in container mode"
 running || fail "$svc is not Running after its first document (state $(state))"
 restart
 if until_ok "$wait_s" logged 'msg=setting key=logLevel from=env'; then
@@ -157,17 +171,37 @@ fi
 capture first-document
 
 say "changed document: the service starts with the new setting"
-starts=$(count 'msg=starting')
+starts=$(count 'msg=starting version=')
 doc "$dir/doc2.yaml" NVIDIA_DRIVER_LOG_LEVEL=debug NVIDIA_DRIVER_PERSISTENCE_MODE=false
 apply "$dir/doc2.yaml" || fail "talosctl apply-config (changed document) failed"
 sleep 20
 restart
 if until_ok "$wait_s" logged 'msg=setting key=persistenceMode from=env'; then
-	echo "the service started again with the changed document ($starts -> $(count 'msg=starting') starts)"
+	echo "the service started again with the changed document ($starts -> $(count 'msg=starting version=') starts)"
 else
 	fail "the changed document did not reach the service"
 fi
 capture changed-document
+
+say "removed document: the service starts with the defaults"
+starts=$(count 'msg=starting version=')
+apply "" || fail "talosctl apply-config (no document) failed"
+gone() { ! t get extensionserviceconfigs nvidia-driver >/dev/null 2>&1; }
+until_ok "$wait_s" gone || fail "Talos still has the document after a machine config without it"
+restart
+started_again() { [ "$(count 'msg=starting version=')" -gt "$starts" ]; }
+if until_ok "$wait_s" started_again && until_ok "$wait_s" running; then
+	sleep 5
+	# The document's settings (the YAML's own environment, NVIDIA_DRIVER_SUBROOT, stays).
+	if last_run | grep -E -q 'key=(logLevel|persistenceMode) from=env'; then
+		fail "the service still has a setting of the removed document: $(last_run | grep -E 'key=(logLevel|persistenceMode) from=env')"
+	else
+		echo "the service started again with no document's setting"
+	fi
+else
+	fail "$svc did not start again without the document (state $(state))"
+fi
+capture removed-document
 
 say "bad document: reported once, nothing restarts in a loop"
 doc "$dir/doc3.yaml" NVIDIA_DRIVER_NO_SUCH_SETTING=1
@@ -175,11 +209,11 @@ apply "$dir/doc3.yaml" || fail "talosctl apply-config (bad document) failed"
 sleep 20
 restart
 if until_ok "$wait_s" logged 'configuration is invalid'; then
-	starts=$(count 'msg=starting')
+	starts=$(count 'msg=starting version=')
 	# Talos starts an exited restart: always service again after 5 s; a crash loop would
 	# show within a minute as more starts.
 	sleep "${TALOS_NODE_LOOP_WINDOW:-60}"
-	after=$(count 'msg=starting')
+	after=$(count 'msg=starting version=')
 	reports=$(count 'configuration is invalid')
 	echo "starts: $starts, a minute later: $after; reports of the bad document: $reports"
 	[ "$after" = "$starts" ] || fail "the service restarted $((after - starts)) times on a bad document"
@@ -251,6 +285,33 @@ kubernetes_checks() {
 	fi
 }
 [ "$kubernetes" != 1 ] || kubernetes_checks
+
+say "reboot: the node restarted; the service comes back with the document it had"
+# A document applied to the running node (no service restart in container mode, above), then
+# the node restarted as a Talos node in a container is (node.sh restart): machined loads the
+# applied machine config from the STATE volume (AcquireController, stateDisk,
+# internal/app/machined/pkg/controllers/config/acquire.go) and the service starts with the
+# document's setting, which it has never had before.
+doc "$dir/doc4.yaml" NVIDIA_DRIVER_FABRIC_WAIT=3m
+apply "$dir/doc4.yaml" || fail "talosctl apply-config (document before the reboot) failed"
+until_ok "$wait_s" t get extensionserviceconfigs nvidia-driver >/dev/null 2>&1 || fail "Talos never had the document"
+reboot_start=$SECONDS
+if "$here/node.sh" restart "$dir"; then
+	if until_ok "$wait_s" running; then
+		echo "$svc Running $((SECONDS - reboot_start)) s after the restart was asked for"
+	else
+		fail "$svc is not Running after the reboot (state $(state))"
+	fi
+	t get extensionserviceconfigs nvidia-driver | sed 's/^/    /'
+	if until_ok "$wait_s" logged 'msg=setting key=fabricWait from=env'; then
+		echo "the service came back with the document's setting"
+	else
+		fail "the service came back without the document's setting"
+	fi
+else
+	fail "the node did not come back after its restart"
+fi
+capture reboot
 
 echo
 echo "talos-node: outputs in $dir/outputs; total $((SECONDS - boot_start)) s"
