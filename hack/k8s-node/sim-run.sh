@@ -21,6 +21,8 @@ echo "sim-run: built in $((SECONDS - t0)) s"
 PATH=$top/_out/k8s-node/bin:$PATH _out/bin/harness -extension _out/extensions/nvidia-driver-dev-sim \
 	-before-boot "$top/hack/k8s-node/sim-node.sh" \
 	-env NVIDIA_DRIVER_HOST_ROOT=/run/nvidia/sim -env NVIDIA_DRIVER_PERSISTENCED=false \
+	-env NVIDIA_DRIVER_NFD_FEATURES_DIR=/etc/kubernetes/node-feature-discovery/features.d \
+	-config /etc/nvidia-driver/mig.yaml=hack/k8s-node/sim-mig.yaml \
 	-until ready,degraded -after-ready-phases ready,degraded -wait 120s -runc "$top/_out/k8s-node/bin/runc" \
 	-after-ready "$top/hack/k8s-node/cluster.sh -gpu -- $top/hack/k8s-node/test-sim.sh"
 rc=$?

@@ -114,4 +114,9 @@ if [[ -f $spec ]]; then
 else
 	failed "the service wrote no $spec"
 fi
+
+# --- the MIG pause cycle, with its control (hack/k8s-node/sim-pause.sh)
+t_pause=$SECONDS
+. "$here/sim-pause.sh"
+echo "k8s-node-sim: the MIG pause section took $((SECONDS - t_pause)) s"
 exit $fail
