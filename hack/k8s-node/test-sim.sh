@@ -11,7 +11,8 @@
 #     allocated to it (its checkpoint), through the plugin's CDI spec and containerd's CDI
 #     injection, with the control nodes, and nothing of the other six;
 #   - a container that containerd creates with the service's own spec (/run/cdi/nvidia.yaml,
-#     nvidia.com/gpu=3) gets /dev/nvidia3 and no other GPU.
+#     nvidia.com/gpu=3) gets /dev/nvidia3 and no other GPU;
+#   - the MIG pause cycle, each step timed, after its control (hack/k8s-node/sim-pause.sh).
 # CUDA cannot run here: the device nodes are real character devices at NVIDIA's majors with
 # no driver behind them (opening one fails with ENXIO). Prints PASS/FAIL lines; exits non-zero
 # on a failure.
