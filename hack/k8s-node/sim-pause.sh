@@ -87,8 +87,14 @@ if until_true 90 '[[ $(svc_mig) == "degraded pending "* || $(svc_mig) == "ready 
 else
 	failed "control (migPause=false): the service's status '$(svc_mig)', the node's labels $(nvidia_labels | tr '\n' ' ')"
 fi
-# The readiness file changed (layout and state): driver-watch restarts the plugin in its pod.
-until_true 60 'kubectl -n $ns logs "$(plugin_pod)" -c driver-watch 2>/dev/null | grep -q "driver readiness changed"'
+# The readiness file changed (layout and state): driver-watch restarts the plugin in its pod
+# (SIGHUP). Its restart is over once it has registered again; the 20 s below then also cover
+# its old health check letting NVML go (a 5 s wait), so that the GPUs are held again, steadily,
+# when the cycle's first try comes.
+registrations() { kubectl -n $ns logs "$(plugin_pod)" -c nvidia-device-plugin-ctr 2>/dev/null | grep -c "Registered device plugin for 'nvidia.com/gpu'"; }
+until_true 60 'kubectl -n $ns logs "$(plugin_pod)" -c driver-watch 2>/dev/null | grep -q "driver readiness changed"' &&
+	until_true 60 'test "$(registrations)" -ge 2' ||
+	failed "control (migPause=false): the plugin was not restarted on the changed readiness file: $(registrations) registration(s)"
 until_true 60 plugin_ready
 # The check of the real cycle below, given as long: it must not see the pause.
 if until_true 20 '[ -z "$(ds_pods nvidia-device-plugin)" ] || paused_label'; then
