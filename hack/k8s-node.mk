@@ -19,6 +19,7 @@ test-k8s-node: k8s-node
 # The simulated GPU node: NVIDIA's device plugin from deploy/ on the real kubelet and
 # containerd, the service's product build on 8 simulated H100s with NVSwitches, NVML being the
 # project's own libnvidia-ml (hack/simnvml); pods get GPUs' device nodes through CDI
-# (hack/k8s-node/sim-run.sh, test-sim.sh; docs/simulated-node.md).
+# (hack/k8s-node/sim-run.sh, test-sim.sh; docs/simulated-node.md); and the service's MIG pause
+# through NFD's labels, end to end (sim-pause.sh; docs/mig.md section 5).
 test-k8s-sim: k8s-node build
 	hack/k8s-node/sim-run.sh

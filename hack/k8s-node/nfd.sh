@@ -14,6 +14,22 @@
 nfd_ns=nvidia-nfd-test
 nfd_features_d=/etc/kubernetes/node-feature-discovery/features.d
 
+# nfd_features_mount [DIR]: NFD's features.d in this mount namespace only, so that the host's
+# stays as it was: DIR bound there (the simulated node's, where the service writes), or else a
+# new directory made 0700, as Talos makes a missing mount source of an extension service
+# (machined's services/extension.go: os.MkdirAll(source, 0o700)) before the service starts.
+# The mount point itself is made on the host where it is missing, and removed at exit.
+nfd_features_mount() {
+	nfd_made=$(mkdir -pv ${nfd_features_d%/*} | sed -n "s/^mkdir: created directory '\(.*\)'$/\1/p" | sort -r)
+	trap '[ -z "$nfd_made" ] || { umount -l ${nfd_features_d%/*} 2>/dev/null; rmdir $nfd_made; }' EXIT
+	mount -t tmpfs -o mode=0755 k8s-node-nfd ${nfd_features_d%/*}
+	if [ -n "${1:-}" ]; then
+		mkdir $nfd_features_d && mount --bind "$1" $nfd_features_d
+	else
+		mkdir -m 0700 $nfd_features_d
+	fi
+}
+
 # nfd_deploy: applies NFD's deployment (CRDs, RBAC, nfd-master, the nfd-worker DaemonSet).
 nfd_deploy() {
 	local k=$K8S_NODE_DIR/nfd-kustomize

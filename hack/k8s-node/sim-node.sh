@@ -14,7 +14,11 @@
 #   - in that host root, dev/ and run/ are the node's own /dev and /run (binds), so what the
 #     service makes there (device nodes from /proc/devices' majors, the driver root mount at
 #     run/nvidia/driver, run/cdi/nvidia.yaml, the readiness file) is where the kubelet,
-#     containerd and the device plugin look on a node.
+#     containerd and the device plugin look on a node;
+#   - NFD's features.d in that host root, made 0700 as Talos makes a missing mount source of
+#     an extension service (machined's services/extension.go): the service's feature file
+#     goes there (NVIDIA_DRIVER_NFD_FEATURES_DIR), and test-sim.sh binds it where NFD's worker
+#     reads it.
 set -euo pipefail
 top=$(cd "$(dirname "$0")/../.." && pwd)
 host=${SIM_HOST:-/run/nvidia/sim}
@@ -22,5 +26,7 @@ gpus=${SIM_GPUS:-h100-80gb:8}
 mkdir -p "$host/dev" "$host/run"
 mount --bind /dev "$host/dev"
 mount --bind /run "$host/run"
+mkdir -p "$host/etc/kubernetes/node-feature-discovery"
+mkdir -m 0700 "$host/etc/kubernetes/node-feature-discovery/features.d"
 "$top/_out/bin/simnvml-node" -dir /dev/.simnvml -host-root "$host" -gpus "$gpus" -nvswitches 4 \
 	-subroot /usr/local/glibc

@@ -47,7 +47,11 @@ if [ -n "${1:-}" ]; then
 fi
 rc=0
 t1=$SECONDS
-node "$top/hack/k8s-node/test-sim.sh" || rc=1
+# MIG off, with NFD's feature directory and a MIG layout file for the pause cycle
+# (hack/k8s-node/sim-pause.sh).
+node "$top/hack/k8s-node/test-sim.sh" \
+	-env NVIDIA_DRIVER_NFD_FEATURES_DIR=/etc/kubernetes/node-feature-discovery/features.d \
+	-config /etc/nvidia-driver/mig.yaml=hack/k8s-node/sim-mig.yaml || rc=1
 echo "sim-run: MIG off: $((SECONDS - t1)) s"
 # MIG: the layout from the service's ExtensionServiceConfig (docs/mig.md), as a user sets it.
 t1=$SECONDS

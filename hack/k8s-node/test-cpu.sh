@@ -146,14 +146,7 @@ kubectl -n $ns get pods -o wide
 # --- Node Feature Discovery: the service's feature file becomes the Node's labels
 # (docs/kubernetes.md "Labels from the host"), NFD deployed by hack/k8s-node/nfd.sh.
 . "$top/hack/k8s-node/nfd.sh"
-# This mount namespace's own node-feature-discovery directory, so the host's stays as it
-# was; features.d in it made as Talos makes a missing mount source of an extension service
-# (machined's services/extension.go: os.MkdirAll(source, 0o700)) before the service starts.
-# The mount point itself is made on the host where it is missing, and removed at exit.
-nfd_made=$(mkdir -pv ${nfd_features_d%/*} | sed -n "s/^mkdir: created directory '\(.*\)'$/\1/p" | sort -r)
-trap '[ -z "$nfd_made" ] || { umount -l ${nfd_features_d%/*} 2>/dev/null; rmdir $nfd_made; }' EXIT
-mount -t tmpfs -o mode=0755 k8s-node-nfd ${nfd_features_d%/*}
-mkdir -m 0700 $nfd_features_d
+nfd_features_mount # features.d made 0700, as Talos makes it
 nfd_deploy
 t0=$SECONDS
 "$K8S_NODE_IMAGES/nfd-features" $nfd_features_d all-balanced success "NVIDIA H200" false

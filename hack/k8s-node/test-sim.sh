@@ -14,7 +14,8 @@
 #     nvidia.com/gpu=3) gets /dev/nvidia3 and no other GPU;
 #   - a pod given one of that spec's devices by the kubelet (a device plugin's cdi_devices
 #     answer: hack/k8s-node/kube/cdiplugin) gets exactly that GPU's device node; a pod's own
-#     CDI annotation gets it none.
+#     CDI annotation gets it none;
+#   - the MIG pause cycle, each step timed, after its control (hack/k8s-node/sim-pause.sh).
 # CUDA cannot run here: the device nodes are real character devices at NVIDIA's majors with
 # no driver behind them (opening one fails with ENXIO). Prints PASS/FAIL lines; exits non-zero
 # on a failure.
@@ -90,4 +91,9 @@ EOF
 else
 	failed "the service wrote no $spec"
 fi
+
+# --- the MIG pause cycle, with its control (hack/k8s-node/sim-pause.sh)
+t_pause=$SECONDS
+. "$here/sim-pause.sh"
+echo "k8s-node-sim: the MIG pause section took $((SECONDS - t_pause)) s"
 exit $fail

@@ -79,9 +79,10 @@ type lib struct {
 	stubbed  map[string]bool
 	handles  []handleKey
 	handleID map[handleKey]int
+	attached int // the attach file's descriptor while this process holds the GPUs; -1 (attach.go)
 }
 
-var the = &lib{stubbed: map[string]bool{}, handleID: map[handleKey]int{}}
+var the = &lib{stubbed: map[string]bool{}, handleID: map[handleKey]int{}, attached: -1}
 
 // stateDir finds the state directory (see the package comment).
 func stateDir() (string, error) {

@@ -33,11 +33,14 @@ func nvmlDeviceSetMigMode(h unsafe.Pointer, mode C.uint, activation *C.int) C.in
 		return retInvalid
 	}
 
-	return onDevice(true, h, func(_ *sim.Node, d nvml.Device, _ handleKey) C.int {
-		status, ret := d.SetMigMode(int(mode))
-		*activation = C.int(status)
+	// Other processes that hold the GPU open keep the driver from unbinding it (attach.go).
+	return onDevice(true, h, func(n *sim.Node, d nvml.Device, _ handleKey) C.int {
+		return withOthersHolding(n, func() C.int {
+			status, ret := d.SetMigMode(int(mode))
+			*activation = C.int(status)
 
-		return C.int(ret)
+			return C.int(ret)
+		})
 	})
 }
 

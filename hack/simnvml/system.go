@@ -18,8 +18,9 @@ import (
 
 // initialize is nvmlInit: the state directory must hold a simulated node, as a real NVML
 // needs the kernel driver (NVML_ERROR_DRIVER_NOT_LOADED without it). Init calls nest: each
-// needs a Shutdown (nvml.h, nvmlInit_v2).
-func initialize() C.int {
+// needs a Shutdown (nvml.h, nvmlInit_v2). The first attaches the GPUs unless noAttach
+// (attach.go).
+func initialize(noAttach bool) C.int {
 	the.mu.Lock()
 	defer the.mu.Unlock()
 
@@ -32,6 +33,10 @@ func initialize() C.int {
 		}
 
 		the.dir = dir
+
+		if !noAttach {
+			the.attach()
+		}
 	}
 
 	the.inits++
@@ -40,13 +45,17 @@ func initialize() C.int {
 }
 
 //export nvmlInit_v2
-func nvmlInit_v2() C.int { return initialize() }
+func nvmlInit_v2() C.int { return initialize(false) }
 
 //export nvmlInit
-func nvmlInit() C.int { return initialize() }
+func nvmlInit() C.int { return initialize(false) }
 
+// nvmlInitWithFlags: NVML_INIT_FLAG_NO_ATTACH (nvml.h) initializes without attaching the GPUs.
+//
 //export nvmlInitWithFlags
-func nvmlInitWithFlags(C.uint) C.int { return initialize() }
+func nvmlInitWithFlags(flags C.uint) C.int { return initialize(flags&initFlagNoAttach != 0) }
+
+const initFlagNoAttach = 1 << 1 // nvml.h NVML_INIT_FLAG_NO_ATTACH
 
 //export nvmlShutdown
 func nvmlShutdown() C.int {
@@ -58,6 +67,9 @@ func nvmlShutdown() C.int {
 	}
 
 	the.inits--
+	if the.inits == 0 {
+		the.detach()
+	}
 
 	return retSuccess
 }

@@ -10,6 +10,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"sort"
 	"strings"
 	"time"
 
@@ -386,16 +387,36 @@ func absolute(o *Options) error {
 }
 
 // afterReady runs o.AfterReady; with o.Changes, in the background while the document is
-// changed that many times. It returns the command's exit code and the phase after each change.
+// changed that many times. Meanwhile it applies the changes the command asks for itself
+// (serveRequests). It returns the command's exit code and the phase after each change.
 func afterReady(node *talosNode, h hostView, o Options) (int, []string, error) {
+	requests := filepath.Join(o.Work, "document-requests")
+	if err := os.MkdirAll(requests, 0o755); err != nil {
+		return 0, nil, err
+	}
+
 	cmd := exec.Command("bash", "-c", o.AfterReady)
 	cmd.Stdout, cmd.Stderr = o.Log, o.Log
-	cmd.Env = append(os.Environ(), "HARNESS_HOST_ROOT="+HostRootDir(o.Work))
+	cmd.Env = append(os.Environ(), "HARNESS_HOST_ROOT="+HostRootDir(o.Work), EnvDocumentRequests+"="+requests,
+		EnvServiceLog+"="+node.logFile.Name())
 	cmd.Dir = o.callerDir
 
 	if err := cmd.Start(); err != nil {
 		return 0, nil, fmt.Errorf("starting %q: %w", o.AfterReady, err)
 	}
+
+	stop, served := make(chan struct{}), make(chan struct{})
+
+	go func() {
+		defer close(served)
+
+		serveRequests(node, requests, stop, o.Log)
+	}()
+
+	defer func() {
+		close(stop)
+		<-served
+	}()
 
 	var phases []string
 
@@ -417,20 +438,104 @@ func afterReady(node *talosNode, h hostView, o Options) (int, []string, error) {
 	return exitCode(cmd.Wait()), phases, nil
 }
 
+// EnvDocumentRequests names, in the -after-ready command's environment, the directory where
+// it asks for a change of the document at a time of its choosing (a user's `talosctl patch`
+// in the middle of a test): a file NAME.env of K=V lines, renamed into place, sets those
+// environment entries in the current document (the others stay), which Talos applies as a
+// change (the service restarts); once applied, the file is renamed NAME.applied.
+const EnvDocumentRequests = "HARNESS_DOCUMENT_REQUESTS"
+
+// EnvServiceLog names, in the -after-ready command's environment, the file that holds the
+// service's output, every run of its container appended (`talosctl logs ext-nvidia-driver`).
+const EnvServiceLog = "HARNESS_SERVICE_LOG"
+
+// serveRequests applies the document change requests in dir (EnvDocumentRequests), in name
+// order, until stop.
+func serveRequests(node *talosNode, dir string, stop <-chan struct{}, log io.Writer) {
+	tick := time.NewTicker(100 * time.Millisecond)
+	defer tick.Stop()
+
+	for {
+		select {
+		case <-stop:
+			return
+		case <-tick.C:
+		}
+
+		names, _ := filepath.Glob(filepath.Join(dir, "*.env")) //nolint:errcheck // a constant pattern
+		sort.Strings(names)
+
+		for _, name := range names {
+			env, err := requestedEnv(name)
+			if err == nil {
+				err = node.setDocument(node.documentWith(env))
+			}
+
+			if err != nil {
+				fmt.Fprintf(log, "harness: document request %s: %v\n", filepath.Base(name), err)
+			} else {
+				fmt.Fprintf(log, "harness: document request %s applied: %s\n", filepath.Base(name), strings.Join(env, " "))
+			}
+
+			if err := os.Rename(name, strings.TrimSuffix(name, ".env")+".applied"); err != nil {
+				fmt.Fprintf(log, "harness: document request %s: %v\n", filepath.Base(name), err)
+			}
+		}
+	}
+}
+
+// requestedEnv reads a request's K=V lines (blank lines and # comments left out).
+func requestedEnv(path string) ([]string, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+
+	var env []string
+
+	for i, line := range strings.Split(string(data), "\n") {
+		line = strings.TrimSpace(line)
+		if line == "" || strings.HasPrefix(line, "#") {
+			continue
+		}
+
+		if k, _, ok := strings.Cut(line, "="); !ok || k == "" {
+			return nil, fmt.Errorf("%s:%d: %q is not K=V", path, i+1, line)
+		}
+
+		env = append(env, line)
+	}
+
+	return env, nil
+}
+
 // withLogLevel is doc with NVIDIA_DRIVER_LOG_LEVEL set to level.
 func withLogLevel(doc *Document, level string) *Document {
+	return withEnv(doc, []string{"NVIDIA_DRIVER_LOG_LEVEL=" + level})
+}
+
+// withEnv is a copy of doc (an empty document where doc is nil) with the environment entries
+// env set, each replacing the entry of its name.
+func withEnv(doc *Document, env []string) *Document {
 	out := &Document{Files: map[string]string{}}
+	set := map[string]bool{}
+
+	for _, kv := range env {
+		k, _, _ := strings.Cut(kv, "=")
+		set[k] = true
+	}
+
 	if doc != nil {
 		maps.Copy(out.Files, doc.Files)
 
 		for _, kv := range doc.Environment {
-			if !strings.HasPrefix(kv, "NVIDIA_DRIVER_LOG_LEVEL=") {
+			if k, _, _ := strings.Cut(kv, "="); !set[k] {
 				out.Environment = append(out.Environment, kv)
 			}
 		}
 	}
 
-	out.Environment = append(out.Environment, "NVIDIA_DRIVER_LOG_LEVEL="+level)
+	out.Environment = append(out.Environment, env...)
 
 	return out
 }

@@ -497,6 +497,30 @@ func TestDocumentChangesWhileAWorkloadRuns(t *testing.T) {
 	assert.Equal(t, 0, *res.AfterReadyExit)
 }
 
+// TestDocumentChangeAskedForByTheCommand: the -after-ready command asks for a change of the
+// document when it chooses (a request file in $HARNESS_DOCUMENT_REQUESTS), as a user's patch
+// in the middle of a test; Talos restarts the service on it, with the entry set and the
+// document's other entries kept (the service's log, $HARNESS_SERVICE_LOG, says so). A request
+// that is not K=V changes nothing.
+func TestDocumentChangeAskedForByTheCommand(t *testing.T) {
+	ask := `r=$HARNESS_DOCUMENT_REQUESTS
+		printf 'NVIDIA_DRIVER_LOG_LEVEL=debug\n' >$r/1.tmp && mv $r/1.tmp $r/1.env
+		printf 'not an entry\n' >$r/2.tmp && mv $r/2.tmp $r/2.env
+		for i in $(seq 300); do [ -e $r/2.applied ] && grep -q 'msg=setting key=logLevel from=env' $HARNESS_SERVICE_LOG && break; sleep 0.1; done
+		ls $r | tr '\n' ' ' >&2
+		grep -c 'msg=setting key=persistenced from=env' $HARNESS_SERVICE_LOG >&2
+		[ -e $r/2.applied ] && [ $(grep -c 'msg=setting key=persistenced from=env' $HARNESS_SERVICE_LOG) = 2 ] &&
+			grep -q 'msg=setting key=logLevel from=env' $HARNESS_SERVICE_LOG`
+	res, code := runExit(t, "", simulated("-env", "NVIDIA_DRIVER_PERSISTENCED=false", "-until", "ready", "-wait", "30s", "-hold", "0s",
+		"-after-ready", ask)...)
+
+	assert.Equal(t, 0, code, "%v\n%s", res.Events, res.Log)
+	assert.Equal(t, 2, res.Starts, "one restart, for the request that is an entry: %v", res.Events)
+	assert.Contains(t, res.Events, "extension service config changed, restarting")
+	require.NotNil(t, res.AfterReadyExit)
+	assert.Equal(t, 0, *res.AfterReadyExit, "the new run has the entry asked for (logLevel) and the document's other entry (persistenced)")
+}
+
 // TestBeforeBootRunsBeforeTheService: the -before-boot command runs on the node before the
 // service starts (what it writes is there when the service is ready), and -after-ready-phases
 // names the phases the -after-ready command runs in.

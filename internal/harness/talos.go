@@ -157,6 +157,14 @@ func (n *talosNode) setDocument(doc *Document) error {
 	return nil
 }
 
+// documentWith is the current document with the environment entries env set (withEnv).
+func (n *talosNode) documentWith(env []string) *Document {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+
+	return withEnv(n.doc, env)
+}
+
 // removeDocument deletes the ExtensionServiceConfig: the controller restarts the service.
 func (n *talosNode) removeDocument() {
 	n.mu.Lock()

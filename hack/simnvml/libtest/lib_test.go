@@ -5,6 +5,7 @@ package libtest_test
 
 import (
 	"encoding/json"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -18,30 +19,33 @@ import (
 	"github.com/talos-nvidia/nvidia-driver/pkg/gpu"
 )
 
-// build builds the library and a node of 8 H100s on an NVSwitch board, and returns the
-// library's path and the state directory.
-func build(t *testing.T) (string, string) {
-	t.Helper()
+// node is the library and the state directory that the tests share: a process loads
+// libnvidia-ml.so.1 once (its later dlopens return the first), so every test of this binary
+// uses one build and one node of 8 H100s on an NVSwitch board, each test its own GPUs.
+type node struct{ so, stateDir string }
 
-	dir := t.TempDir()
-	so := filepath.Join(dir, "usr/lib64/libnvidia-ml.so.1")
+// build builds the library and the node into dir.
+func build(dir string) (node, error) {
+	n := node{so: filepath.Join(dir, "usr/lib64/libnvidia-ml.so.1"), stateDir: filepath.Join(dir, "dev", state.DirName)}
 
-	out, err := exec.Command("go", "build", "-buildmode=c-shared", "-o", so, "..").CombinedOutput()
-	require.NoError(t, err, "%s", out)
+	if out, err := exec.Command("go", "build", "-buildmode=c-shared", "-o", n.so, "..").CombinedOutput(); err != nil {
+		return n, fmt.Errorf("building the library: %w: %s", err, out)
+	}
 
-	stateDir := filepath.Join(dir, "dev", state.DirName)
-	out, err = exec.Command("go", "run", "../node", "-dir", stateDir, "-host-root", filepath.Join(dir, "host"),
+	out, err := exec.Command("go", "run", "../node", "-dir", n.stateDir, "-host-root", filepath.Join(dir, "host"),
 		"-gpus", "h100-80gb:8", "-nvswitches", "4").CombinedOutput()
-	require.NoError(t, err, "%s", out)
+	if err != nil {
+		return n, fmt.Errorf("making the node: %w: %s", err, out)
+	}
 
-	return so, stateDir
+	return n, nil
 }
 
 // TestLibrary loads the library as the service and NVIDIA's device plugin do (go-nvml's
 // dlopen), finds the state next to the driver root it was loaded from (<root>/dev), and
 // changes MIG there as a second process would see it.
 func TestLibrary(t *testing.T) {
-	so, stateDir := build(t)
+	so, stateDir := shared.so, shared.stateDir
 	t.Setenv("SIMNVML_DIR", "")
 
 	lib := nvml.New(nvml.WithLibraryPath(so))

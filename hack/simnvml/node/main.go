@@ -78,11 +78,7 @@ func run(args []string, stdout io.Writer) error {
 
 	s.Node = n.SaveState()
 
-	if err := os.MkdirAll(*dir, 0o755); err != nil {
-		return err
-	}
-
-	if err := state.Write(*dir, s); err != nil {
+	if err := state.Create(*dir, s); err != nil {
 		return err
 	}
 

@@ -31,7 +31,24 @@ type State struct {
 const (
 	file     = "state.json"
 	lockFile = "lock"
+	// AttachFile is the file that the processes holding the GPUs open lock shared
+	// (hack/simnvml attach.go).
+	AttachFile = "attached"
 )
+
+// Create makes dir with the state s and an attach file.
+func Create(dir string, s State) error {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return err
+	}
+
+	// Readable by all: processes of any user attach by a lock on a read-only descriptor.
+	if err := os.WriteFile(filepath.Join(dir, AttachFile), nil, 0o644); err != nil {
+		return fmt.Errorf("the attach file: %w", err)
+	}
+
+	return Write(dir, s)
+}
 
 // File is the state file of dir.
 func File(dir string) string { return filepath.Join(dir, file) }
