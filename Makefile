@@ -10,9 +10,10 @@
 #   make release-image  one flavor's release image with docker buildx and bldr (FLAVOR, TALOS_VERSION, IMAGE)
 #   make test-k8s-node  deploy/ on a real one-node Kubernetes cluster (hack/k8s-node), no GPU; part of make test
 #   make test-k8s-sim   the same node with 8 simulated GPUs (hack/simnvml) and NVIDIA's device plugin; part of make test
-#   make test-talos-node  the extension on a real Talos v1.13.9 node (hack/talos-node), no GPU, and its
-#                       control (source: tmpfs back); part of make test
-#   make talos-node     the same checks, then Kubernetes on that node (bootstrap, deploy/); not part of make test
+#   make test-talos-node  the extension on a real Talos v1.13.9 node (hack/talos-node), no GPU:
+#                       documents, a reboot, Kubernetes and deploy/, then the controls (source:
+#                       tmpfs, a depends, a service exiting on a bad document); part of make test
+#   make talos-node     the same checks without the controls
 
 SHELL := /bin/bash
 OUT ?= _out
