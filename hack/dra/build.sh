@@ -6,8 +6,11 @@
 #
 #   hack/dra/build.sh CHECKOUT      (a clone, bare or not; DRA_OUT, default _out/dra)
 #
+# The tag's tree (git archive of the tag, its commit checked) goes outside this checkout
+# (DRA_SRC, default ~/.cache/nvidia-driver-dra/src): bldr loads every .tmpl file of the tree
+# it builds from, hidden directories and _out/ included (solver/filesystem_loader.go), and the
+# DRA driver's tree has many (internal/recipes reports them).
 # Into DRA_OUT:
-#   src/                       the tag's tree (git archive of the tag, its commit checked)
 #   rootfs/dra-driver/         the image as the tag's deployments/container/Dockerfile lays it
 #   rootfs/dra-driver.flags      out, the GPU part only: gpu-kubelet-plugin (cgo, with its
 #                              vendor/ and the Makefile's cmd-% flags) in /usr/bin, the chart's
@@ -37,6 +40,7 @@ ref=registry.k8s.io/dra-driver-nvidia/dra-driver-nvidia-gpu:$tag
 top=$(cd "$(dirname "$0")/../.." && pwd)
 checkout=${1:?usage: hack/dra/build.sh CHECKOUT (a git repository of kubernetes-sigs/dra-driver-nvidia-gpu with tag $tag)}
 out=${DRA_OUT:-$top/_out/dra}
+src=${DRA_SRC:-${XDG_CACHE_HOME:-$HOME/.cache}/nvidia-driver-dra/src}
 images=${K8S_NODE_IMAGES:-$top/_out/k8s-node/images}
 helm=$top/_out/tools/helm
 for f in "$images/image" "$images/busybox" "$helm"; do
@@ -50,15 +54,15 @@ mkdir -p "$out"
 rm -rf "$out/rootfs" "$out/images"
 mkdir -p "$out/rootfs" "$out/images"
 # The tag's tree and its kubelet plugin, made again only when the tag or this script changed.
-stamp=$commit-1 # the tag's commit, and a count to bump when the build below changes
+stamp=$commit-3 # the tag's commit, and a count to bump when the build below changes
 if [[ $(cat "$out/.stamp" 2>/dev/null) != "$stamp" ]]; then
-	rm -rf "$out/src" "$out/bin"
-	mkdir -p "$out/src" "$out/bin"
-	git -C "$checkout" archive "$commit" | tar -x -C "$out/src"
-	echo "dra: $tag ($commit) in $out/src" >&2
+	rm -rf "$src" "$out/src" "$out/bin"
+	mkdir -p "$src" "$out/bin"
+	git -C "$checkout" archive "$commit" | tar -x -C "$src"
+	echo "dra: $tag ($commit) in $src" >&2
 	# The Makefile's cmd-% rule (go-nvml's cgo flags need the ALLOW), with its vendor/.
 	t0=$SECONDS
-	(cd "$out/src" && CGO_LDFLAGS_ALLOW='-Wl,--unresolved-symbols=ignore-in-object-files' CGO_ENABLED=1 \
+	(cd "$src" && CGO_LDFLAGS_ALLOW='-Wl,--unresolved-symbols=ignore-in-object-files' CGO_ENABLED=1 \
 		CGO_CFLAGS="-O2 -Wno-deprecated-declarations" go build -mod=vendor -trimpath -o "$out/bin/" \
 		-ldflags "-s -w -X $mod/internal/info.gitCommit=$commit -X $mod/internal/info.version=$tag" \
 		./cmd/gpu-kubelet-plugin)
@@ -81,9 +85,9 @@ if ! (cd "$W" && apt-get -q -o APT::Sandbox::User=root download bash-static >&2)
 fi
 dpkg -x "$W"/bash-static_*.deb "$W/x"
 install -m 0755 "$W/x/bin/bash-static" "$r/bin/bash"
-install -m 0755 "$out/src/hack/kubelet-plugin-prestart.sh" "$r/usr/bin/kubelet-plugin-prestart.sh"
-cp -r "$out/src/templates" "$r/templates"
-cp "$out/src/LICENSE" "$r/LICENSE"
+install -m 0755 "$src/hack/kubelet-plugin-prestart.sh" "$r/usr/bin/kubelet-plugin-prestart.sh"
+cp -r "$src/templates" "$r/templates"
+cp "$src/LICENSE" "$r/LICENSE"
 "$r/usr/bin/gpu-kubelet-plugin" --version >&2 # the Dockerfile's smoke test, on its own program
 
 printf '%s\n' -ref "$ref" -entrypoint /bin/bash \
@@ -96,6 +100,6 @@ mapfile -t flags <"$out/rootfs/dra-driver.flags"
 # The chart, rendered the user way with this project's values, for the Kubernetes version of
 # Talos v1.13.9 (the test node's; helm template knows no cluster, and the chart wants >=1.32).
 kube_version=$(cd "$top/hack/k8s-node/kube" && go list -m -f '{{.Version}}' k8s.io/kubernetes)
-"$helm" template dra-driver-nvidia-gpu "$out/src/deployments/helm/dra-driver-nvidia-gpu" \
+"$helm" template dra-driver-nvidia-gpu "$src/deployments/helm/dra-driver-nvidia-gpu" \
 	--namespace nvidia-dra-driver-gpu --kube-version "$kube_version" -f "$top/deploy/dra/values.yaml" >"$out/dra-driver.yaml"
 echo "dra: $out/images/dra-driver.tar ($ref), $out/dra-driver.yaml ($(grep -c '^kind:' "$out/dra-driver.yaml") objects)" >&2
