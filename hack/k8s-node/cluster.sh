@@ -11,7 +11,8 @@
 # name), K8S_NODE_DIR (the scratch directory) and PATH (kubectl, ctr) set; its exit code is
 # this script's. Before the node starts, the kernel settings the kubelet requires are set (as
 # Talos sets them at boot); afterwards every process is gone (the PID namespace ends), the
-# kubelet's cgroups are removed and those settings are put back.
+# kubelet's cgroups are removed and those settings are put back. One node runs at a time on a
+# machine: a second refuses to start while the first runs.
 #
 # Talos's configuration, where it matters to a GPU node (sources named where used):
 # containerd's CRI config is Talos v1.13.9's (hack/cri-containerd.toml, hack/cri-plugin.part:
@@ -76,6 +77,11 @@ outer() {
 		[[ -e $f ]] || die "$f is missing: run make k8s-node"
 	done
 	[[ $(id -u) == 0 ]] || die "needs root"
+	# One test node per machine: two would undo each other's kernel settings and remove each
+	# other's kubepods cgroups. The lock goes with the last process of this one (fd 9).
+	local lock=/run/nvidia-driver-k8s-node.lock
+	exec 9>"$lock"
+	flock -n 9 || die "another test node runs on this machine ($lock is held); run one at a time"
 
 	local W
 	W=$(mktemp -d /tmp/k8s-node.XXXXXX)

@@ -15,7 +15,8 @@
 #   - a pod given one of that spec's devices by the kubelet (a device plugin's cdi_devices
 #     answer: hack/k8s-node/kube/cdiplugin) gets exactly that GPU's device node; a pod's own
 #     CDI annotation gets it none;
-#   - the MIG pause cycle, each step timed, after its control (hack/k8s-node/sim-pause.sh).
+#   - the MIG pause cycle, each step timed, after its control (hack/k8s-node/sim-pause.sh);
+#   - deploy/sharing's time-slicing-4 chosen by the node's label: nvidia.com/gpu: 32.
 # CUDA cannot run here: the device nodes are real character devices at NVIDIA's majors with
 # no driver behind them (opening one fails with ENXIO). Prints PASS/FAIL lines; exits non-zero
 # on a failure.
@@ -96,4 +97,10 @@ fi
 t_pause=$SECONDS
 . "$here/sim-pause.sh"
 echo "k8s-node-sim: the MIG pause section took $((SECONDS - t_pause)) s"
+
+# --- time-slicing from deploy/sharing, chosen by the node's label (docs/sharing.md): the
+# plugin's advertisement, 4 replicas of each of the 8 GPUs (CUDA sharing them needs a GPU).
+if kubectl apply -k "$top/deploy/sharing" --server-side >/dev/null; then pass "kubectl apply -k deploy/sharing --server-side"; else failed "kubectl apply -k deploy/sharing"; fi
+kubectl label node "$K8S_NODE" --overwrite nvidia.com/device-plugin.config=time-slicing-4 >/dev/null
+wait_alloc nvidia.com/gpu 32 "time-slicing-4 from deploy/sharing, after the node's label changed"
 exit $fail
