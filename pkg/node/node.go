@@ -588,46 +588,45 @@ func (r *Runner) stopDaemons() {
 	}
 }
 
-// readinessSummary is the content of the readiness file.
+// readinessSummary is the content of the readiness file: the devices the node serves, and
+// nothing else. The device plugin and the DCGM exporter restart when its bytes change
+// (deploy/'s driver-watch and the exporter's liveness probe), so it changes whenever the set
+// of devices does and never otherwise: a layout pending, failed or retried, a pending MIG
+// mode, the fabric's or persistenced's state and a restart that changes nothing leave it
+// byte-identical. The status file and the NFD labels say those states.
 type readinessSummary struct {
 	DriverVersion string         `json:"driverVersion"`
 	GPUs          []readinessGPU `json:"gpus"`
-	MIGLayout     string         `json:"migLayout,omitempty"`
-	// MIGState is the layout's outcome, as the mig.config.state label says it.
-	MIGState string         `json:"migState,omitempty"`
-	MIG      []readinessMIG `json:"mig,omitempty"`
-	CDISpec  string         `json:"cdiSpec,omitempty"`
-	Fabric   string         `json:"fabric,omitempty"`
 }
 
 type readinessGPU struct {
 	Index int    `json:"index"`
 	UUID  string `json:"uuid"`
 	Name  string `json:"name"`
-	MIG   string `json:"mig,omitempty"`
+	// MIG is the current mode only, "enabled" or "disabled" ("" without MIG): a pending mode
+	// serves no other device until the reset that makes it current. deploy/'s check-sharing
+	// reads it.
+	MIG string `json:"mig,omitempty"`
 	// MIGDevices change whenever instances are made again (new UUIDs), so the file's bytes
 	// change with the set of devices, which is what makes driver-watch restart the plugin.
 	MIGDevices []gpu.MIGDevice `json:"migDevices,omitempty"`
 }
 
-type readinessMIG struct {
-	Index  int        `json:"index"`
-	Result mig.Result `json:"result"`
-}
-
 func (r *Runner) readiness() readinessSummary {
 	st := r.status.get()
-	sum := readinessSummary{DriverVersion: st.DriverVersion, MIGLayout: r.cfg.MIGLayout, MIGState: r.migNodeState(), CDISpec: st.CDISpec}
-	if st.Fabric != nil {
-		sum.Fabric = st.Fabric.State
-	}
+	sum := readinessSummary{DriverVersion: st.DriverVersion}
 
 	for _, g := range st.GPUs {
-		sum.GPUs = append(sum.GPUs, readinessGPU{Index: g.Index, UUID: g.UUID, Name: g.Name, MIG: g.MIG, MIGDevices: g.MIGDevices})
-	}
+		mode := ""
 
-	for _, m := range st.MIG {
-		sum.MIG = append(sum.MIG, readinessMIG{Index: m.Index, Result: m.Result})
+		switch {
+		case g.MIGOn():
+			mode = "enabled"
+		case g.MigCapable():
+			mode = "disabled"
+		}
+
+		sum.GPUs = append(sum.GPUs, readinessGPU{Index: g.Index, UUID: g.UUID, Name: g.Name, MIG: mode, MIGDevices: g.MIGDevices})
 	}
 
 	return sum
