@@ -93,7 +93,7 @@ func (r *Runner) retryMIG(ctx context.Context, pause bool) {
 		// One try at the spec: a failure is not waited out while the operands are kept off.
 		if ctx.Err() == nil {
 			if err := r.refreshGPUs(ctx, false); err != nil {
-				r.log.Error("after the MIG retry: the GPUs were not read again; the readiness file was not written", "error", err)
+				r.log.Error("after the MIG retry: the GPUs were not read again, or the readiness file not written", "error", err)
 			}
 
 			r.setUp()
@@ -153,7 +153,7 @@ func (r *Runner) retryMIG(ctx context.Context, pause bool) {
 		// Still held: the try withdrew the readiness file before its first call (the mode
 		// change NVML refused); consumers read the GPUs as they are until the next try.
 		if err := r.refreshGPUs(ctx, false); err != nil {
-			r.log.Error("mig retry: the GPUs were not read again; the readiness file was not written", "error", err)
+			r.log.Error("mig retry: the GPUs were not read again, or the readiness file not written", "error", err)
 		}
 
 		r.setUp()
