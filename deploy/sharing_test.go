@@ -172,11 +172,12 @@ func TestMPSControlDaemonPod(t *testing.T) {
 }
 
 // The sharing/MIG check run for real (busybox-compatible sh) against the configurations
-// deploy/sharing ships and readiness files as the service writes them.
+// deploy/sharing ships and readiness files as the service writes them (the devices only, no
+// layout name).
 func TestCheckSharing(t *testing.T) {
 	cm := decodeStrict(t, kustomize(t, "deploy/sharing")).configMaps[configsName]
 	require.NotNil(t, cm)
-	ready := func(layout string, modes ...string) string {
+	ready := func(modes ...string) string {
 		var gpus []string
 		for i, m := range modes {
 			g := fmt.Sprintf(`    {"index": %d, "uuid": "GPU-%d", "name": "NVIDIA H200"`, i, i)
@@ -185,28 +186,24 @@ func TestCheckSharing(t *testing.T) {
 			}
 			gpus = append(gpus, g+"}")
 		}
-		s := "{\n  \"driverVersion\": \"580.159.04\",\n  \"gpus\": [\n" + strings.Join(gpus, ",\n") + "\n  ]"
-		if layout != "" {
-			s += fmt.Sprintf(",\n  \"migLayout\": %q", layout)
-		}
-		return s + "\n}\n"
+		return "{\n  \"driverVersion\": \"580.159.04\",\n  \"gpus\": [\n" + strings.Join(gpus, ",\n") + "\n  ]\n}\n"
 	}
 	for _, tc := range []struct {
 		config, ready string
 		conflict      string // "" when the check passes
 	}{
-		{"none", ready("", "disabled"), ""},
-		{"mixed", ready("all-balanced", "enabled", "enabled"), ""},
-		{"time-slicing-4", ready("", "disabled", "disabled"), ""},
-		{"time-slicing-4", ready("", ""), ""}, // a GPU without MIG
-		{"time-slicing-4", ready("all-1g.18gb", "enabled"), "time-slices with migStrategy\nnone"},
-		{"time-slicing-4-single", ready("all-1g.18gb", "enabled"), ""},
-		{"time-slicing-4-single", ready("", "disabled"), ""},
-		{"mps-2", ready("", "disabled"), ""},
-		{"mps-2", ready("", "disabled (pending enable)"), ""},
-		{"mps-2", ready("all-balanced", "disabled", "enabled"), `shares GPUs through MPS, but
-1 GPU(s) are in MIG mode (the ext-nvidia-driver MIG layout "all-balanced")`},
-		{"mps-2", ready("all-disabled", "enabled (pending disable)"), "cannot share MIG devices through MPS"},
+		{"none", ready("disabled"), ""},
+		{"mixed", ready("enabled", "enabled"), ""},
+		{"time-slicing-4", ready("disabled", "disabled"), ""},
+		{"time-slicing-4", ready(""), ""}, // a GPU without MIG
+		{"time-slicing-4", ready("enabled"), "time-slices with migStrategy\nnone"},
+		{"time-slicing-4-single", ready("enabled"), ""},
+		{"time-slicing-4-single", ready("disabled"), ""},
+		{"mps-2", ready("disabled"), ""},
+		{"mps-2", ready("disabled (pending enable)"), ""},
+		{"mps-2", ready("disabled", "enabled"), `shares GPUs through MPS, but
+1 GPU(s) are in MIG mode (the node's nvidia.com/mig.config label names the MIG layout)`},
+		{"mps-2", ready("enabled (pending disable)"), "cannot share MIG devices through MPS"},
 	} {
 		t.Run(tc.config+"/"+strings.NewReplacer("\n", "", " ", "").Replace(tc.ready)[40:], func(t *testing.T) {
 			require.Contains(t, cm.Data, tc.config)

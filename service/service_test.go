@@ -471,7 +471,9 @@ func TestMIGLayoutLabelsAndStableReadiness(t *testing.T) {
 	assert.Contains(t, o.NFDFile, "nvidia.com/gpu.product=NVIDIA-H200")
 	// MIG on: NVIDIA's device plugin cannot share MIG devices through MPS.
 	assert.Contains(t, o.NFDFile, "nvidia.com/mps.capable=false")
-	assert.Contains(t, o.ReadyFile, `"migLayout": "all-balanced"`)
+	// The readiness file lists the devices, the MIG devices of the layout, and no layout name.
+	assert.Contains(t, o.ReadyFile, `"name": "NVIDIA H200 MIG 3g.71gb"`)
+	assert.NotContains(t, o.ReadyFile, "all-balanced")
 	assert.Contains(t, o.Log, "msg=setting key=migLayout from=env", "the log says what the configuration changed")
 	assert.Contains(t, o.Log, "readiness unchanged by the restart", "the second run must leave the readiness file as it was")
 }

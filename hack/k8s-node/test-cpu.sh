@@ -205,7 +205,7 @@ fi
 # the reason (and restarts while it lasts).
 kubectl label node "$K8S_NODE" nvidia.com/device-plugin.config=mps-2 --overwrite >/dev/null
 until_true 150 '[[ $(sidecar_logs) == *"Successfully updated to config: mps-2"* ]]'
-printf '{\n  "driverVersion": "0",\n  "gpus": [\n    {"index": 0, "uuid": "GPU-0", "name": "NVIDIA H200", "mig": "enabled"}\n  ],\n  "migLayout": "all-balanced"\n}\n' >$ready_dir/nvidia-driver.ready.tmp
+printf '{\n  "driverVersion": "0",\n  "gpus": [\n    {"index": 0, "uuid": "GPU-0", "name": "NVIDIA H200", "mig": "enabled"}\n  ]\n}\n' >$ready_dir/nvidia-driver.ready.tmp
 mv $ready_dir/nvidia-driver.ready.tmp $ready_dir/nvidia-driver.ready
 watch_logs() { kubectl -n $ns logs "$pod" -c driver-watch 2>&1; kubectl -n $ns logs "$pod" -c driver-watch --previous 2>/dev/null; }
 if until_true 90 '[[ $(watch_logs) == *"CONFLICT: this node"?"s device plugin configuration shares GPUs through MPS"* ]]'; then

@@ -2,7 +2,6 @@ package node
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -10,7 +9,6 @@ import (
 	"time"
 
 	"github.com/talos-nvidia/nvidia-driver/pkg/daemons"
-	"github.com/talos-nvidia/nvidia-driver/pkg/driverroot"
 	"github.com/talos-nvidia/nvidia-driver/pkg/fabricmanager"
 	"github.com/talos-nvidia/nvidia-driver/pkg/gpu"
 	"github.com/talos-nvidia/nvidia-driver/pkg/nvswitch"
@@ -325,7 +323,9 @@ func (r *Runner) watchFabric(ctx context.Context) {
 
 			if cur.State != st.State || cur.Message != st.Message || cur.Manager != st.Manager {
 				r.setFabric(&cur)
-				r.fabricChanged()
+				// The readiness file is left alone: it lists the devices, which the
+				// fabric does not change.
+				r.reportUp()
 
 				if cur.Manager != st.Manager {
 					delay = r.wait.Initial
@@ -335,21 +335,6 @@ func (r *Runner) watchFabric(ctx context.Context) {
 			st = &cur
 		}
 	}()
-}
-
-// fabricChanged reports the node again with its fabric as it is now, and updates the
-// readiness file, whose fabric field consumers read.
-func (r *Runner) fabricChanged() {
-	summary, err := json.MarshalIndent(r.readiness(), "", "  ")
-	if err == nil {
-		err = driverroot.MarkReady(r.cfg.ValidationsDir(), append(summary, '\n'))
-	}
-
-	if err != nil {
-		r.log.Error("cannot update the readiness files", "error", err)
-	}
-
-	r.reportUp()
 }
 
 // stopFabric waits for the fabric watch, which ends with the runner's context. The fabric

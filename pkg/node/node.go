@@ -11,10 +11,12 @@ import (
 	"maps"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
 
+	"github.com/talos-nvidia/nvidia-driver/pkg/atomicfile"
 	"github.com/talos-nvidia/nvidia-driver/pkg/cdi"
 	"github.com/talos-nvidia/nvidia-driver/pkg/config"
 	"github.com/talos-nvidia/nvidia-driver/pkg/daemons"
@@ -58,6 +60,9 @@ type Runner struct {
 	// migProblem is why the configured MIG layout cannot be applied (mig.go); the node then
 	// serves its GPUs as they are.
 	migProblem error
+	// cdiProblem is why the last publish wrote no CDI spec: cdi.ErrNoDevices (the GPUs as
+	// they are offer no device) or a failure it did not wait out (publish); nil once written.
+	cdiProblem error
 }
 
 // Option changes a Runner.
@@ -240,7 +245,7 @@ func (r *Runner) bringUp(ctx context.Context) error {
 	r.startPersistenced(ctx)
 	r.bringUpFabric(ctx)
 
-	if err := r.publish(ctx); err != nil {
+	if err := r.publish(ctx, true); err != nil {
 		return err
 	}
 
@@ -254,22 +259,16 @@ func (r *Runner) bringUp(ctx context.Context) error {
 }
 
 // publish writes what consumers read once the GPUs are as they will be: the CDI spec and the
-// readiness file.
-func (r *Runner) publish(ctx context.Context) error {
+// readiness file. A failure to write the spec is waited out when wait is set (bring-up);
+// otherwise it is kept in r.cdiProblem and the readiness file is written all the same. GPUs
+// that offer no device (all in MIG mode without instances) are no failure to wait out:
+// only a new layout changes them, so r.cdiProblem says so either way.
+func (r *Runner) publish(ctx context.Context, wait bool) error {
 	if r.cfg.CDI {
-		// nvcdi looks under the driver root for the libraries and the persistenced socket:
-		// the /run/nvidia/driver mount has both (see docs/cdi.md).
-		opts := cdi.DefaultOptions(r.cfg.DriverMount())
-		opts.DevRoot = r.cfg.HostRoot
-
-		err := r.waitFor(ctx, "a CDI spec of the node's GPUs", func() error {
-			return r.jobs.WriteCDI(ctx, nvmljobs.CDIRequest{Options: opts, Path: r.cfg.Host(r.cfg.CDISpec)})
-		})
-		if err != nil {
-			return err
+		r.cdiProblem = r.writeCDI(ctx, wait)
+		if ctx.Err() != nil {
+			return ctx.Err()
 		}
-
-		r.status.update(func(s *Status) { s.CDISpec = r.cfg.Host(r.cfg.CDISpec) }) //nolint:errcheck
 	}
 
 	// The readiness file holds only what consumers act on, no timestamps: the device plugin
@@ -283,17 +282,84 @@ func (r *Runner) publish(ctx context.Context) error {
 	return driverroot.MarkReady(r.cfg.ValidationsDir(), append(summary, '\n'))
 }
 
-// setUp reports the node up, with its MIG layout's outcome; the fabric's and persistenced's
-// states are laid over it (reportUp).
+// writeCDI writes the node's CDI spec. With no device to put in it, the spec of the GPUs as
+// they were is removed: it would name whole GPUs that are now in MIG mode.
+func (r *Runner) writeCDI(ctx context.Context, wait bool) error {
+	// nvcdi looks under the driver root for the libraries and the persistenced socket: the
+	// /run/nvidia/driver mount has both (see docs/cdi.md).
+	opts := cdi.DefaultOptions(r.cfg.DriverMount())
+	opts.DevRoot = r.cfg.HostRoot
+	path := r.cfg.Host(r.cfg.CDISpec)
+
+	err := r.waitFor(ctx, "a CDI spec of the node's GPUs", func() error {
+		err := r.jobs.WriteCDI(ctx, nvmljobs.CDIRequest{Options: opts, Path: path})
+		if err != nil && (!wait || errors.Is(err, cdi.ErrNoDevices)) {
+			return permanent(err)
+		}
+
+		return err
+	})
+
+	switch {
+	case err == nil:
+		r.status.update(func(s *Status) { s.CDISpec = path }) //nolint:errcheck // reported by report()
+
+		return nil
+	case errors.Is(err, cdi.ErrNoDevices):
+		r.status.update(func(s *Status) { s.CDISpec = "" }) //nolint:errcheck // reported by report()
+
+		if rmErr := atomicfile.Remove(path); rmErr != nil {
+			return fmt.Errorf("%w; the spec of the GPUs as they were stays: %w", err, rmErr)
+		}
+
+		return err
+	default:
+		return fmt.Errorf("the CDI spec %s was not written: %w", path, err)
+	}
+}
+
+// setUp reports the node up, with its MIG layout's outcome and what its CDI spec lacks; the
+// fabric's and persistenced's states are laid over it (reportUp).
 func (r *Runner) setUp() {
 	st := r.status.get()
-	phase, msg := r.migPhase(PhaseReady, fmt.Sprintf("node ready: %d GPU(s), driver %s", len(st.GPUs), st.DriverVersion))
+	phase, msg := r.cdiPhase(r.migPhase(PhaseReady, fmt.Sprintf("node ready: %d GPU(s), driver %s", len(st.GPUs), st.DriverVersion)))
 
 	r.upMu.Lock()
 	r.fabric.readyPhase, r.fabric.readyMsg = phase, msg
 	r.upMu.Unlock()
 
 	r.reportUp()
+}
+
+// cdiPhase turns an up node degraded while its last CDI spec was not written, and says why:
+// no device to serve (naming the GPUs in MIG mode without instances, and what gives them
+// devices) or the failure.
+func (r *Runner) cdiPhase(phase, msg string) (string, string) {
+	if r.cdiProblem == nil {
+		return phase, msg
+	}
+
+	msg = strings.Replace(msg, "node ready", "node degraded", 1)
+
+	if !errors.Is(r.cdiProblem, cdi.ErrNoDevices) {
+		return PhaseDegraded, msg + "; " + r.cdiProblem.Error()
+	}
+
+	var bare []string
+
+	for _, g := range r.status.get().GPUs {
+		if g.MIGOn() && len(g.MIGDevices) == 0 {
+			bare = append(bare, strconv.Itoa(g.Index))
+		}
+	}
+
+	why := "NVML offers no device"
+	if len(bare) > 0 {
+		why = fmt.Sprintf("GPU %s in MIG mode without MIG instances", strings.Join(bare, ","))
+	}
+
+	return PhaseDegraded, fmt.Sprintf("%s; no device to serve: %s, so the CDI spec %s is not written and the device plugin advertises none; "+
+		"create instances in the MIG layout, or leave a GPU out of MIG mode", msg, why, r.cfg.Host(r.cfg.CDISpec))
 }
 
 // permanentError ends a waitFor: trying again cannot help.
@@ -588,46 +654,45 @@ func (r *Runner) stopDaemons() {
 	}
 }
 
-// readinessSummary is the content of the readiness file.
+// readinessSummary is the content of the readiness file: the devices the node serves, and
+// nothing else. The device plugin and the DCGM exporter restart when its bytes change
+// (deploy/'s driver-watch and the exporter's liveness probe), so it changes whenever the set
+// of devices does and never otherwise: a layout pending, failed or retried, a pending MIG
+// mode, the fabric's or persistenced's state and a restart that changes nothing leave it
+// byte-identical. The status file and the NFD labels say those states.
 type readinessSummary struct {
 	DriverVersion string         `json:"driverVersion"`
 	GPUs          []readinessGPU `json:"gpus"`
-	MIGLayout     string         `json:"migLayout,omitempty"`
-	// MIGState is the layout's outcome, as the mig.config.state label says it.
-	MIGState string         `json:"migState,omitempty"`
-	MIG      []readinessMIG `json:"mig,omitempty"`
-	CDISpec  string         `json:"cdiSpec,omitempty"`
-	Fabric   string         `json:"fabric,omitempty"`
 }
 
 type readinessGPU struct {
 	Index int    `json:"index"`
 	UUID  string `json:"uuid"`
 	Name  string `json:"name"`
-	MIG   string `json:"mig,omitempty"`
+	// MIG is the current mode only, "enabled" or "disabled" ("" without MIG): a pending mode
+	// serves no other device until the reset that makes it current. deploy/'s check-sharing
+	// reads it.
+	MIG string `json:"mig,omitempty"`
 	// MIGDevices change whenever instances are made again (new UUIDs), so the file's bytes
 	// change with the set of devices, which is what makes driver-watch restart the plugin.
 	MIGDevices []gpu.MIGDevice `json:"migDevices,omitempty"`
 }
 
-type readinessMIG struct {
-	Index  int        `json:"index"`
-	Result mig.Result `json:"result"`
-}
-
 func (r *Runner) readiness() readinessSummary {
 	st := r.status.get()
-	sum := readinessSummary{DriverVersion: st.DriverVersion, MIGLayout: r.cfg.MIGLayout, MIGState: r.migNodeState(), CDISpec: st.CDISpec}
-	if st.Fabric != nil {
-		sum.Fabric = st.Fabric.State
-	}
+	sum := readinessSummary{DriverVersion: st.DriverVersion}
 
 	for _, g := range st.GPUs {
-		sum.GPUs = append(sum.GPUs, readinessGPU{Index: g.Index, UUID: g.UUID, Name: g.Name, MIG: g.MIG, MIGDevices: g.MIGDevices})
-	}
+		mode := ""
 
-	for _, m := range st.MIG {
-		sum.MIG = append(sum.MIG, readinessMIG{Index: m.Index, Result: m.Result})
+		switch {
+		case g.MIGOn():
+			mode = "enabled"
+		case g.MigCapable():
+			mode = "disabled"
+		}
+
+		sum.GPUs = append(sum.GPUs, readinessGPU{Index: g.Index, UUID: g.UUID, Name: g.Name, MIG: mode, MIGDevices: g.MIGDevices})
 	}
 
 	return sum

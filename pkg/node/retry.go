@@ -12,11 +12,13 @@ package node
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sort"
 	"strings"
 	"time"
 
+	"github.com/talos-nvidia/nvidia-driver/pkg/cdi"
 	"github.com/talos-nvidia/nvidia-driver/pkg/mig"
 	"github.com/talos-nvidia/nvidia-driver/pkg/nfd"
 )
@@ -70,7 +72,9 @@ func (r *Runner) stopMIGRetry() {
 // retryMIG tries the layout every MIGRetryInterval, within MIGRetry, with the operands paused
 // when pause is set and our nvidia-persistenced suspended (it holds every GPU). Whatever the
 // outcome, persistenced is resumed, the CDI spec and readiness file say what the GPUs are,
-// and then the pause is lifted.
+// and then the pause is lifted: it is there only while the layout changes, so whatever the
+// CDI step says (no device to serve, a spec not written) is the status's to say, with the
+// operands back.
 func (r *Runner) retryMIG(ctx context.Context, pause bool) {
 	start := time.Now()
 	pending, _ := r.pendingMIG()
@@ -86,13 +90,12 @@ func (r *Runner) retryMIG(ctx context.Context, pause bool) {
 	defer func() {
 		resume()
 
+		// One try at the spec: a failure is not waited out while the operands are kept off.
 		if ctx.Err() == nil {
-			if err := r.refreshGPUs(ctx); err != nil {
-				r.log.Error("after the MIG retry: the CDI spec or readiness file was not written", "error", err)
+			if err := r.refreshGPUs(ctx, false); err != nil {
+				r.log.Error("after the MIG retry: the GPUs were not read again, or the readiness file not written", "error", err)
 			}
-		}
 
-		if ctx.Err() == nil {
 			r.setUp()
 		}
 
@@ -101,6 +104,18 @@ func (r *Runner) retryMIG(ctx context.Context, pause bool) {
 			r.log.Info("mig retry over: the operands' pause is lifted", "layout", r.cfg.MIGLayout, "state", r.migNodeState(),
 				"after", time.Since(start).Round(time.Millisecond).String())
 			r.labelNode(r.migNodeState(), false)
+		}
+
+		// A spec that failed otherwise than for want of devices is waited out now, as at
+		// bring-up; no device to serve changes only with a new layout.
+		if ctx.Err() == nil && r.cdiProblem != nil && !errors.Is(r.cdiProblem, cdi.ErrNoDevices) {
+			if err := r.refreshGPUs(ctx, true); err != nil && ctx.Err() == nil {
+				r.log.Error("after the MIG retry: the GPUs were not read again", "error", err)
+			}
+
+			if ctx.Err() == nil {
+				r.setUp()
+			}
 		}
 	}()
 
@@ -137,16 +152,17 @@ func (r *Runner) retryMIG(ctx context.Context, pause bool) {
 
 		// Still held: the try withdrew the readiness file before its first call (the mode
 		// change NVML refused); consumers read the GPUs as they are until the next try.
-		if err := r.refreshGPUs(ctx); err != nil {
-			r.log.Error("mig retry: the CDI spec or readiness file was not written", "error", err)
+		if err := r.refreshGPUs(ctx, false); err != nil {
+			r.log.Error("mig retry: the GPUs were not read again, or the readiness file not written", "error", err)
 		}
 
 		r.setUp()
 	}
 }
 
-// refreshGPUs reads the GPUs again (MIG devices may have changed) and publishes them.
-func (r *Runner) refreshGPUs(ctx context.Context) error {
+// refreshGPUs reads the GPUs again (MIG devices may have changed) and publishes them; wait
+// as publish has it.
+func (r *Runner) refreshGPUs(ctx context.Context, wait bool) error {
 	gpus, err := r.jobs.ListGPUs(ctx)
 	if err != nil {
 		return err
@@ -154,7 +170,7 @@ func (r *Runner) refreshGPUs(ctx context.Context) error {
 
 	r.status.update(func(s *Status) { s.GPUs = gpus }) //nolint:errcheck // reported by report()
 
-	return r.publish(ctx)
+	return r.publish(ctx, wait)
 }
 
 // suspendPersistenced stops our nvidia-persistenced for the retry; the function resumes it.

@@ -35,6 +35,50 @@ func waitFor(t *testing.T, within time.Duration, what string, cond func() bool) 
 	return time.Since(start)
 }
 
+// heldNode is a service running on GPUs that the operands hold, with the pause on and a try
+// every 50 ms.
+type heldNode struct {
+	gpus *sim.Node
+	m    *migNode
+	r    *node.Runner
+	logs *testutil.SyncBuffer
+	// labels reads the NFD feature file; operands sets how many NVML clients hold each GPU.
+	labels   func() string
+	operands func(n int)
+}
+
+// startHeld starts the service with layout on count H200s, each held by the device plugin
+// and the DCGM exporter (NVML clients, not processes); it is stopped at the test's end.
+func startHeld(t *testing.T, count int, layout string, cdi bool) heldNode {
+	t.Helper()
+
+	gpus := sim.New(testutil.Model(t, "h200"), count)
+	h := heldNode{gpus: gpus, m: newMIGNode(t, gpus, busyLayouts)}
+	h.operands = func(n int) {
+		for i := range count {
+			gpus.SetClients(i, n)
+		}
+	}
+	h.operands(2)
+
+	h.m.env = []string{"NVIDIA_DRIVER_NFD_FEATURES_DIR=/etc/nfd", "NVIDIA_DRIVER_MIG_RETRY_INTERVAL=50ms", "NVIDIA_DRIVER_MIG_RETRY=30s"}
+	features := filepath.Join(h.m.host, "etc/nfd", nfd.DefaultName)
+	h.labels = func() string { b, _ := os.ReadFile(features); return string(b) }
+	h.r, h.logs = h.m.runner(layout, cdi)
+
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+
+	go func() { done <- h.r.Run(ctx) }()
+
+	t.Cleanup(func() {
+		cancel()
+		require.NoError(t, <-done)
+	})
+
+	return h
+}
+
 // TestPendingLayoutPausesOperandsAndFinishes is the service's side of the pause cycle: the
 // device plugin and the DCGM exporter hold the H200s through NVML, where the service cannot
 // see them, so the layout ends pending. The service asks for their pause in the NFD feature
@@ -42,30 +86,8 @@ func waitFor(t *testing.T, within time.Duration, what string, cond func() bool) 
 // readiness file and CDI spec show the MIG devices, and the pause is lifted with
 // mig.config.state=success. Each step's time is logged.
 func TestPendingLayoutPausesOperandsAndFinishes(t *testing.T) {
-	gpus := sim.New(testutil.Model(t, "h200"), 4)
-	operands := func(n int) {
-		for i := range 4 {
-			gpus.SetClients(i, n) // the device plugin and DCGM exporter: NVML clients, not processes
-		}
-	}
-	operands(2)
-
-	m := newMIGNode(t, gpus, busyLayouts)
-	m.env = []string{"NVIDIA_DRIVER_NFD_FEATURES_DIR=/etc/nfd", "NVIDIA_DRIVER_MIG_RETRY_INTERVAL=50ms", "NVIDIA_DRIVER_MIG_RETRY=30s"}
-	features := filepath.Join(m.host, "etc/nfd", nfd.DefaultName)
-	labels := func() string { b, _ := os.ReadFile(features); return string(b) }
-
-	r, logs := m.runner("first-two", false)
-
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-
-	go func() { done <- r.Run(ctx) }()
-
-	defer func() {
-		cancel()
-		require.NoError(t, <-done)
-	}()
+	h := startHeld(t, 4, "first-two", false)
+	gpus, m, r, logs, labels, operands := h.gpus, h.m, h.r, h.logs, h.labels, h.operands
 
 	start := time.Now()
 
@@ -111,7 +133,6 @@ func TestPendingLayoutPausesOperandsAndFinishes(t *testing.T) {
 	}
 
 	// Written before the pause was lifted: the pods that come back read the new devices.
-	assert.Contains(t, string(readyAtLift), `"migState": "success"`)
 	assert.Contains(t, string(readyAtLift), `"name": "NVIDIA H200 MIG 3g.71gb"`)
 	assert.Equal(t, node.PhaseReady, st.Phase, st.Message)
 	assert.Contains(t, logs.String(), "mig layout applied once the GPUs were free")
@@ -141,4 +162,61 @@ func TestPendingLayoutWithoutPauseIsNotRetriedBlind(t *testing.T) {
 	b, err := os.ReadFile(filepath.Join(m.host, "etc/nfd", nfd.DefaultName))
 	require.NoError(t, err)
 	assert.NotContains(t, string(b), "paused-for-mig-change")
+}
+
+// TestLayoutWithNoDeviceToServeLiftsThePause: all-enabled (MIG mode on, no instances) on
+// H200s held by the operands. Once they let go, the layout is applied; nvcdi then finds no
+// device for the CDI spec. The pause exists only while the layout changes: it is lifted all
+// the same, and the status says what is wrong (no device to serve), degraded, instead of
+// waiting for a spec that nothing but a new layout can give. The spec of the GPUs as they
+// were is removed: it named whole GPUs that are now in MIG mode.
+func TestLayoutWithNoDeviceToServeLiftsThePause(t *testing.T) {
+	h := startHeld(t, 2, "all-enabled", true)
+	gpus, m, r, logs, labels, operands := h.gpus, h.m, h.r, h.logs, h.labels, h.operands
+
+	waitFor(t, 20*time.Second, "no pause asked for", func() bool {
+		return strings.Contains(labels(), "nvidia.com/gpu.deploy.device-plugin=paused-for-mig-change")
+	})
+	assert.Subset(t, m.cdiDevices(), []string{"nvidia.com/gpu=0", "nvidia.com/gpu=1"}, "the GPUs are served as they are meanwhile")
+
+	operands(0)
+
+	waitFor(t, 20*time.Second, "the pause was never lifted\n"+logs.String(), func() bool {
+		l := labels()
+		return !strings.Contains(l, "paused-for-mig-change") && strings.Contains(l, "nvidia.com/mig.config.state=success")
+	})
+
+	for i := range 2 {
+		assert.Equal(t, nvml.DEVICE_MIG_ENABLE, gpus.State(i).MigMode)
+		assert.Empty(t, gpus.State(i).Instances)
+	}
+
+	waitFor(t, 5*time.Second, "the node never said it has no device to serve", func() bool {
+		return r.Status().Phase == node.PhaseDegraded
+	})
+
+	st := r.Status()
+	assert.Contains(t, st.Message, "no device to serve: GPU 0,1 in MIG mode without MIG instances", st.Message)
+	assert.Empty(t, st.CDISpec)
+	assert.Empty(t, m.cdiDevices(), "the spec of the whole GPUs is gone")
+	assert.FileExists(t, m.readyFile(), "the operands come back and find the GPUs as they are")
+	assert.Contains(t, logs.String(), "the operands' pause is lifted")
+}
+
+// TestLayoutWithNoDeviceToServeAtBringUp: the same layout on idle GPUs is applied at
+// bring-up, and the node comes up degraded, saying why, instead of waiting for a CDI spec.
+func TestLayoutWithNoDeviceToServeAtBringUp(t *testing.T) {
+	gpus := sim.New(testutil.Model(t, "h200"), 2)
+	m := newMIGNode(t, gpus, busyLayouts)
+	m.env = []string{"NVIDIA_DRIVER_NFD_FEATURES_DIR=/etc/nfd"}
+
+	st, logs := m.run("all-enabled", true)
+
+	require.Equal(t, node.PhaseDegraded, st.Phase, logs)
+	assert.Contains(t, st.Message, "no device to serve: GPU 0,1 in MIG mode without MIG instances")
+	assert.FileExists(t, m.readyFile())
+
+	b, err := os.ReadFile(filepath.Join(m.host, "etc/nfd", nfd.DefaultName))
+	require.NoError(t, err)
+	assert.Contains(t, string(b), "nvidia.com/mig.config.state=success")
 }

@@ -17,6 +17,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/talos-nvidia/nvidia-driver/pkg/cdi"
 	"github.com/talos-nvidia/nvidia-driver/pkg/gpu"
 	"github.com/talos-nvidia/nvidia-driver/pkg/mig"
 )
@@ -195,6 +196,8 @@ func (r response) err() error {
 		return &mig.LayoutError{Err: errors.New(r.Error)}
 	case r.Kind == "no-gpu":
 		return ErrNoGPU
+	case r.Kind == "no-devices":
+		return cdi.ErrNoDevices
 	default:
 		return errors.New(r.Error)
 	}
@@ -280,6 +283,8 @@ func Serve(ctx context.Context, in io.Reader, out, logTo io.Writer, newLocal fun
 			resp.Kind = "layout"
 		case errors.Is(err, ErrNoGPU):
 			resp.Kind = "no-gpu"
+		case errors.Is(err, cdi.ErrNoDevices):
+			resp.Kind = "no-devices"
 		}
 	}
 

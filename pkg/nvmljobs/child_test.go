@@ -20,6 +20,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/talos-nvidia/nvidia-driver/internal/testutil"
+	"github.com/talos-nvidia/nvidia-driver/pkg/cdi"
 	"github.com/talos-nvidia/nvidia-driver/pkg/driverroot"
 	"github.com/talos-nvidia/nvidia-driver/pkg/gpu/sim"
 	"github.com/talos-nvidia/nvidia-driver/pkg/mig"
@@ -32,7 +33,8 @@ import (
 // envFault (METHOD:GPU) makes that GPU's first such call fail, envKill (METHOD) kills the
 // child with SIGKILL at the first such call, as a crash in the driver's library would, and
 // envPause (FILE) makes the first mutating call write the child's pid to FILE and take a
-// while, so that a test can stop the child in the middle of a change.
+// while, so that a test can stop the child in the middle of a change; envMIGOn puts every
+// GPU in MIG mode, without instances, before the job.
 const (
 	envChild = "NVMLJOBS_TEST_CHILD"
 	envSim   = "NVMLJOBS_TEST_SIM"
@@ -40,6 +42,7 @@ const (
 	envFault = "NVMLJOBS_TEST_FAULT"
 	envKill  = "NVMLJOBS_TEST_KILL"
 	envPause = "NVMLJOBS_TEST_PAUSE"
+	envMIGOn = "NVMLJOBS_TEST_MIG_ON"
 )
 
 func TestMain(m *testing.M) {
@@ -119,6 +122,12 @@ func simulated(_ string, log *slog.Logger) *nvmljobs.Local {
 		})
 	}
 
+	if os.Getenv(envMIGOn) != "" {
+		if err := migOn(node); err != nil {
+			panic(err)
+		}
+	}
+
 	writeProc := func() error {
 		if ret := node.Init(); ret != nvml.SUCCESS {
 			return ret
@@ -129,6 +138,32 @@ func simulated(_ string, log *slog.Logger) *nvmljobs.Local {
 	}
 
 	return &nvmljobs.Local{Log: log, NVML: node, Resetter: node, AfterMIGChange: writeProc}
+}
+
+// migOn puts every GPU of node in MIG mode through NVML, as the all-enabled layout leaves them.
+func migOn(node *sim.Node) error {
+	if ret := node.Init(); ret != nvml.SUCCESS {
+		return ret
+	}
+	defer node.Shutdown() //nolint:errcheck
+
+	n, ret := node.DeviceGetCount()
+	if ret != nvml.SUCCESS {
+		return ret
+	}
+
+	for i := range n {
+		d, ret := node.DeviceGetHandleByIndex(i)
+		if ret != nvml.SUCCESS {
+			return ret
+		}
+
+		if _, ret := d.SetMigMode(nvml.DEVICE_MIG_ENABLE); ret != nvml.SUCCESS {
+			return ret
+		}
+	}
+
+	return nil
 }
 
 func child(t *testing.T, mode string, env ...string) *nvmljobs.Child {
@@ -375,4 +410,16 @@ func TestChildTimeout(t *testing.T) {
 	_, err := c.FabricStates(context.Background())
 	require.Error(t, err)
 	assert.Contains(t, err.Error(), "NVML job fabric-states: no answer within 200ms; the child process was stopped")
+}
+
+// TestChildNoDeviceForCDIIsKnown: GPUs in MIG mode without instances give nvcdi no device;
+// the child's answer says so as cdi.ErrNoDevices, which the service tells apart from a
+// failure (nothing to wait for: it reports the node has no device to serve).
+func TestChildNoDeviceForCDIIsKnown(t *testing.T) {
+	c := child(t, "sim", envSim+"=h200:2", envMIGOn+"=1")
+	dir := t.TempDir()
+
+	err := c.WriteCDI(context.Background(), nvmljobs.CDIRequest{Options: cdi.DefaultOptions(dir), Path: filepath.Join(dir, "nvidia.yaml")})
+	require.ErrorIs(t, err, cdi.ErrNoDevices)
+	assert.NoFileExists(t, filepath.Join(dir, "nvidia.yaml"))
 }

@@ -9,7 +9,8 @@
 # nvidia.com/device-plugin.config label (default /config/config.yaml); READY is the
 # ext-nvidia-driver service's readiness file (default
 # /run/nvidia/validations/nvidia-driver.ready), whose "gpus" list each GPU's MIG mode
-# ("mig": "enabled" while MIG is on; pkg/node readinessGPU). Exits 0 when they agree, 1 with
+# ("mig": "enabled" while MIG is on; pkg/node readinessGPU). The file names no layout (its
+# content is the devices alone): the node's nvidia.com/mig.config label does. Exits 0 when they agree, 1 with
 # the reason on stderr when they do not. busybox sh, grep and sed only (the plugin's image).
 config=${1:-/config/config.yaml}
 ready=${2:-/run/nvidia/validations/nvidia-driver.ready}
@@ -25,15 +26,14 @@ strategy=$(sed -n 's/^[[:space:]]*migStrategy:[[:space:]]*\([a-z]*\).*/\1/p' "$c
 [ -n "$strategy" ] || strategy=none
 # GPUs in MIG mode: "mig": "enabled" or "enabled (pending disable)".
 mig_on=$(grep -c '"mig": "enabled' "$ready")
-layout=$(sed -n 's/.*"migLayout": "\([^"]*\)".*/\1/p' "$ready")
 
-echo "check-sharing: sharing $sharing, migStrategy $strategy; $mig_on GPU(s) in MIG mode (MIG layout: ${layout:-none})"
+echo "check-sharing: sharing $sharing, migStrategy $strategy; $mig_on GPU(s) in MIG mode"
 [ "$sharing" = none ] || [ "$mig_on" = 0 ] && exit 0
 
 if [ "$sharing" = mps ]; then
 	cat >&2 <<MSG
 check-sharing: CONFLICT: this node's device plugin configuration shares GPUs through MPS, but
-$mig_on GPU(s) are in MIG mode (the ext-nvidia-driver MIG layout "${layout:-?}"). NVIDIA's device
+$mig_on GPU(s) are in MIG mode (the node's nvidia.com/mig.config label names the MIG layout). NVIDIA's device
 plugin cannot share MIG devices through MPS ("sharing using MPS is not supported for MIG
 devices"), and its MPS control daemon does not run on such a node (nvidia.com/mps.capable=false).
 Either label the node with a configuration without MPS (nvidia.com/device-plugin.config=
@@ -45,7 +45,7 @@ fi
 if [ "$strategy" = none ]; then
 	cat >&2 <<MSG
 check-sharing: CONFLICT: this node's device plugin configuration time-slices with migStrategy
-none, but $mig_on GPU(s) are in MIG mode (the ext-nvidia-driver MIG layout "${layout:-?}"). With
+none, but $mig_on GPU(s) are in MIG mode (the node's nvidia.com/mig.config label names the MIG layout). With
 migStrategy none the plugin would advertise replicas of the whole GPUs, which no container can
 use while MIG is on. Label the node with time-slicing-N-single (replicas of each MIG device) or
 a MIG strategy without sharing (single, mixed), or leave MIG off. See docs/sharing.md.
