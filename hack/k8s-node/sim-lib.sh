@@ -3,17 +3,11 @@
 # asking for a resource, and what the kubelet allocated to them.
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 top=$(cd "$here/../.." && pwd)
-fail=0
+check_name=k8s-node-sim
+# shellcheck source=hack/k8s-node/checks.sh
+source "$(dirname "${BASH_SOURCE[0]}")/checks.sh"
 ns=nvidia-gpu
 img=talos-nvidia/k8s-node-base:test
-pass() { echo "k8s-node-sim: $*: PASS"; }
-failed() { echo "k8s-node-sim: $*: FAIL"; fail=1; }
-check() { local what=$1; shift; if "$@"; then pass "$what"; else failed "$what"; fi; }
-until_true() { # SECONDS 'SHELL CONDITION': evaluate the condition until it holds
-	local end=$((SECONDS + $1))
-	until eval "$2" >/dev/null 2>&1; do ((SECONDS < end)) || return 1; sleep 0.5; done
-}
-jp() { kubectl get "$@" 2>/dev/null; }
 
 # service_status: phase, GPU count, fabric state and message of the service's status file.
 service_status() {

@@ -17,21 +17,9 @@
 # Prints PASS/FAIL lines; exits non-zero on a failure.
 set -uo pipefail
 top=$(cd "$(dirname "$0")/../.." && pwd)
-fail=0
-pass() { echo "k8s-node: $*: PASS"; }
-failed() { echo "k8s-node: $*: FAIL"; fail=1; }
-check() { # DESCRIPTION COMMAND...: PASS if COMMAND succeeds
-	local what=$1; shift
-	if "$@"; then pass "$what"; else failed "$what"; fi
-}
-until_true() { # SECONDS 'SHELL CONDITION': evaluate the condition until it holds
-	local end=$((SECONDS + $1))
-	until eval "$2" >/dev/null 2>&1; do
-		((SECONDS < end)) || return 1
-		sleep 0.5
-	done
-}
-jp() { kubectl get "$@" 2>/dev/null; } # jp KIND/NAME -o jsonpath=...
+check_name=k8s-node
+# shellcheck source=hack/k8s-node/checks.sh
+source "$(dirname "${BASH_SOURCE[0]}")/checks.sh"
 
 ns=nvidia-gpu
 ready_dir=/run/nvidia/validations

@@ -27,19 +27,13 @@
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 top=$(cd "$here/../.." && pwd)
+check_name=k8s-node-dra
+# shellcheck source=hack/k8s-node/checks.sh
+source "$(dirname "${BASH_SOURCE[0]}")/checks.sh"
 dra=${DRA_OUT:-$top/_out/dra}
 ns=nvidia-dra-driver-gpu
 logs=${K8S_NODE_RESULTS:-$K8S_NODE_DIR/logs}
 mkdir -p "$logs"
-fail=0
-pass() { echo "k8s-node-dra: $*: PASS"; }
-failed() { echo "k8s-node-dra: $*: FAIL"; fail=1; }
-check() { local what=$1; shift; if "$@"; then pass "$what"; else failed "$what"; fi; }
-until_true() { # SECONDS 'SHELL CONDITION'
-	local end=$((SECONDS + $1))
-	until eval "$2" >/dev/null 2>&1; do ((SECONDS < end)) || return 1; sleep 0.5; done
-}
-jp() { kubectl get "$@" 2>/dev/null; }
 sim=0
 grep -q '^simnvml' /run/nvidia/driver/usr/share/nvidia-driver/source 2>/dev/null && sim=1
 echo "  driver root: $(cat /run/nvidia/driver/usr/share/nvidia-driver/source 2>/dev/null); simulated NVML: $sim"

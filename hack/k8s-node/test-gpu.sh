@@ -19,15 +19,9 @@
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 top=$(cd "$here/../.." && pwd)
-fail=0
-pass() { echo "k8s-node-gpu: $*: PASS"; }
-failed() { echo "k8s-node-gpu: $*: FAIL"; fail=1; }
-check() { local what=$1; shift; if "$@"; then pass "$what"; else failed "$what"; fi; }
-until_true() { # SECONDS 'SHELL CONDITION': evaluate the condition until it holds
-	local end=$((SECONDS + $1))
-	until eval "$2" >/dev/null 2>&1; do ((SECONDS < end)) || return 1; sleep 0.5; done
-}
-jp() { kubectl get "$@" 2>/dev/null; }
+check_name=k8s-node-gpu
+# shellcheck source=hack/k8s-node/checks.sh
+source "$(dirname "${BASH_SOURCE[0]}")/checks.sh"
 ns=nvidia-gpu
 logs=${K8S_NODE_RESULTS:-$K8S_NODE_DIR/logs}
 mkdir -p "$logs"

@@ -21,15 +21,9 @@ set -uo pipefail
 smi() { /run/nvidia/driver/lib64/ld-linux-x86-64.so.2 --library-path /run/nvidia/driver/usr/lib64 /run/nvidia/driver/usr/bin/nvidia-smi "$@"; }
 here=$(cd "$(dirname "$0")" && pwd)
 top=$(cd "$here/../.." && pwd)
-fail=0
-pass() { echo "k8s-node-sharing: $*: PASS"; }
-failed() { echo "k8s-node-sharing: $*: FAIL"; fail=1; }
-check() { local what=$1; shift; if "$@"; then pass "$what"; else failed "$what"; fi; }
-until_true() { # SECONDS 'SHELL CONDITION'
-	local end=$((SECONDS + $1))
-	until eval "$2" >/dev/null 2>&1; do ((SECONDS < end)) || return 1; sleep 0.5; done
-}
-jp() { kubectl get "$@" 2>/dev/null; }
+check_name=k8s-node-sharing
+# shellcheck source=hack/k8s-node/checks.sh
+source "$(dirname "${BASH_SOURCE[0]}")/checks.sh"
 ns=nvidia-gpu
 logs=${K8S_NODE_RESULTS:-$K8S_NODE_DIR/logs}
 mkdir -p "$logs"

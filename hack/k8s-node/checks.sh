@@ -1,0 +1,19 @@
+# The PASS/FAIL helpers of the test node's check scripts (test-cpu.sh, test-gpu.sh,
+# test-sharing.sh, test-dra.sh, sim-lib.sh), sourced after setting check_name (the prefix of
+# each line, e.g. k8s-node-sim). A script exits with $fail: 1 once any check failed.
+fail=0
+pass() { echo "$check_name: $*: PASS"; }
+failed() { echo "$check_name: $*: FAIL"; fail=1; }
+check() { # DESCRIPTION COMMAND...: PASS if COMMAND succeeds
+	local what=$1
+	shift
+	if "$@"; then pass "$what"; else failed "$what"; fi
+}
+until_true() { # SECONDS 'SHELL CONDITION': evaluate the condition until it holds
+	local end=$((SECONDS + $1))
+	until eval "$2" >/dev/null 2>&1; do
+		((SECONDS < end)) || return 1
+		sleep 0.5
+	done
+}
+jp() { kubectl get "$@" 2>/dev/null; } # jp KIND/NAME -o jsonpath=...
