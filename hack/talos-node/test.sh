@@ -227,11 +227,17 @@ logs | grep 'configuration is invalid' | sed 's/^/    /'
 
 kubernetes_checks() {
 	say "kubernetes: the boot finishes; the node registers Ready with the patch's label and taint"
-	boot_done() { t logs machined 2>/dev/null | grep -q 'boot sequence: done'; }
+	# MachineStatus's stage turns running when the boot sequence stops without an error
+	# (internal/app/machined/pkg/controllers/runtime/machine_status.go). machined's own
+	# 'boot sequence: done' line is no proof either way: its log is a 1 MiB ring
+	# (internal/app/machined/pkg/runtime/logging/circular.go) that a slow node fills
+	# before these checks run.
+	boot_done() { t get machinestatus -o yaml 2>/dev/null | grep -q '^ *stage: running$'; }
 	if until_ok "$wait_s" boot_done; then
-		echo "machined's boot sequence done $((SECONDS - boot_start)) s after the guest started"
+		echo "machined's boot sequence done (MachineStatus stage running) $((SECONDS - boot_start)) s after the guest started"
+		t logs machined 2>/dev/null | grep 'boot sequence: done' | sed 's/^/    /'
 	else
-		fail "machined's boot sequence did not finish"
+		fail "machined's boot sequence did not finish: MachineStatus $(t get machinestatus -o yaml 2>&1 | grep -E 'stage:|ready:' | tr -s ' \n' ' ')"
 	fi
 	t kubeconfig --force "$dir/kubeconfig.talos" >/dev/null 2>&1 || fail "talosctl kubeconfig failed"
 	# talosctl's kubeconfig names the cluster endpoint (10.0.2.15, inside the guest); kubectl
