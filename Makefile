@@ -29,6 +29,7 @@ export CGO_CFLAGS := -O2 -Wno-deprecated-declarations
 GO_LDFLAGS := -s -w -X main.version=$(VERSION)
 HOOK_PKG := github.com/NVIDIA/nvidia-container-toolkit/cmd/nvidia-cdi-hook
 SUBROOT := $(OUT)/subroot-debian
+SUBROOT_ARM64 := $(OUT)/subroot-debian-arm64
 
 .PHONY: all build binaries binaries-arm64 test-arm64 release-image subroot test lint demo deps clean e2e-tools e2e-gpu extension harness flavors
 
@@ -53,7 +54,7 @@ binaries:
 
 # arm64 (DGX Spark, GH200, GB200): the service and the CDI hook cross-built with Debian's
 # gcc-aarch64-linux-gnu (cgo), into $(OUT)/arm64/bin. The hook's interpreter is the aarch64
-# loader's standard path inside the subroot; an arm64 subroot is not assembled yet.
+# loader's standard path inside the subroot (pkg/driverroot layout_arm64.go).
 ARM64_ENV := GOARCH=arm64 CC=aarch64-linux-gnu-gcc
 binaries-arm64:
 	$(ARM64_ENV) go build -trimpath -ldflags '$(GO_LDFLAGS)' -o $(OUT)/arm64/bin/nvidia-driver ./service
@@ -71,18 +72,29 @@ binaries-arm64:
 ARM64_QEMU := qemu-aarch64-static -L /usr/aarch64-linux-gnu
 ARM64_CPU_TESTS := ./pkg/atomicfile ./pkg/config ./pkg/devnodes ./pkg/document ./pkg/gpu/models ./pkg/gpu/sim \
   ./pkg/mig/... ./pkg/nfd ./pkg/nvswitch ./pkg/ociimage
-test-arm64: binaries-arm64
+# The arm64 subroot (Debian's arm64 packages): NVIDIA's aarch64 nvidia-smi and
+# nvidia-persistenced run from it with its own loader, and the arm64 service accepts it
+# while refusing the amd64 one. driverroot's checks run on it; its mount tests re-run
+# their own test binary, which needs binfmt_misc.
+test-arm64: binaries-arm64 $(SUBROOT_ARM64)
 	@file $(OUT)/arm64/bin/nvidia-driver | grep -q 'ARM aarch64' || { echo "$(OUT)/arm64/bin/nvidia-driver is not an arm64 program"; exit 1; }
 	@file $(OUT)/arm64/bin/nvidia-cdi-hook | grep -q 'interpreter $(GLIBC_ROOT)/lib/ld-linux-aarch64.so.1' || { echo "nvidia-cdi-hook: not the subroot's aarch64 loader"; exit 1; }
 	$(ARM64_QEMU) $(OUT)/arm64/bin/nvidia-driver version
-	$(ARM64_QEMU) $(OUT)/arm64/bin/nvidia-driver check-root $(SUBROOT)
+	$(ARM64_QEMU) $(OUT)/arm64/bin/nvidia-driver check-root $(SUBROOT_ARM64)
+	@if $(ARM64_QEMU) $(OUT)/arm64/bin/nvidia-driver check-root $(SUBROOT) >/dev/null 2>&1; then echo "the arm64 service accepted the amd64 subroot"; exit 1; fi
+	@out=$$(qemu-aarch64-static $(SUBROOT_ARM64)/lib/ld-linux-aarch64.so.1 --library-path $(SUBROOT_ARM64)/usr/lib64 $(SUBROOT_ARM64)/usr/bin/nvidia-smi 2>&1); \
+	  echo "$$out" | grep -q "couldn't communicate with the NVIDIA driver" || { echo "arm64 nvidia-smi from the subroot: $$out"; exit 1; }
+	qemu-aarch64-static $(SUBROOT_ARM64)/lib/ld-linux-aarch64.so.1 --library-path $(SUBROOT_ARM64)/usr/lib64 $(SUBROOT_ARM64)/usr/bin/nvidia-persistenced --version
 	$(ARM64_QEMU) $(OUT)/arm64/bin/nvidia-driver mig plan --gpu h100-80gb --select all-1g >/dev/null
 	$(ARM64_ENV) go test -count=1 -exec '$(ARM64_QEMU)' $(ARM64_CPU_TESTS)
+	$(ARM64_ENV) go test -count=1 -exec '$(ARM64_QEMU)' -run 'TestCheck|TestReport' ./pkg/driverroot
 
 # The development subroot, from Debian's non-free packages (the tests' and the demo's fixture).
 subroot: $(SUBROOT)
 $(SUBROOT):
 	hack/build-subroot.sh debian $(SUBROOT)
+$(SUBROOT_ARM64):
+	SUBROOT_ARCH=arm64 hack/build-subroot.sh debian $(SUBROOT_ARM64)
 
 # Debian packages and tools the tests use (runc, util-linux's unshare).
 deps:

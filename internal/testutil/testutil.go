@@ -52,7 +52,14 @@ func Subroot(t testing.TB) string {
 	t.Helper()
 
 	top := RepoRoot(t)
-	dir := filepath.Join(top, "_out", "subroot-debian")
+	// the subroot of the architecture the test runs as (make test-arm64 runs arm64 tests
+	// under qemu-user against the arm64 subroot)
+	name, env := "subroot-debian", "SUBROOT_ARCH=amd64"
+	if runtime.GOARCH != "amd64" {
+		name, env = "subroot-debian-"+runtime.GOARCH, "SUBROOT_ARCH="+runtime.GOARCH
+	}
+
+	dir := filepath.Join(top, "_out", name)
 
 	if subrootCurrent(dir) {
 		return dir
@@ -64,6 +71,7 @@ func Subroot(t testing.TB) string {
 		}
 
 		cmd := exec.Command(filepath.Join(top, "hack", "build-subroot.sh"), "debian", dir)
+		cmd.Env = append(os.Environ(), env)
 		if out, err := cmd.CombinedOutput(); err != nil {
 			t.Fatalf("building the Debian subroot fixture: %v\n%s", err, out)
 		}

@@ -16,6 +16,7 @@ import (
 
 	"github.com/talos-nvidia/nvidia-driver/internal/testutil"
 	"github.com/talos-nvidia/nvidia-driver/pkg/daemons"
+	"github.com/talos-nvidia/nvidia-driver/pkg/driverroot"
 )
 
 // fakeDaemon is the fake nvidia-persistenced, built once by TestMain.
@@ -61,11 +62,11 @@ func shortTempDir(t testing.TB) string {
 func fakeSubroot(t testing.TB) string {
 	t.Helper()
 	root := shortTempDir(t)
-	for _, d := range []string{"lib64", "usr/lib64", "usr/bin", "run/nvidia-persistenced"} {
+	for _, d := range []string{filepath.Dir(driverroot.LoaderPath), "usr/lib64", "usr/bin", "run/nvidia-persistenced"} {
 		require.NoError(t, os.MkdirAll(filepath.Join(root, d), 0o755))
 	}
 	loader := "#!/bin/sh\n[ \"$1\" = --library-path ] || { echo \"loader: want --library-path, got $1\" >&2; exit 127; }\nshift 2\nexec \"$@\"\n"
-	require.NoError(t, os.WriteFile(filepath.Join(root, "lib64/ld-linux-x86-64.so.2"), []byte(loader), 0o755))
+	require.NoError(t, os.WriteFile(filepath.Join(root, driverroot.LoaderPath), []byte(loader), 0o755))
 	require.NoError(t, os.WriteFile(filepath.Join(root, "usr/lib64/libnvidia-cfg.so.1"), nil, 0o644))
 	require.NoError(t, os.Symlink(fakeDaemon, filepath.Join(root, "usr/bin/nvidia-persistenced")))
 	return root

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/talos-nvidia/nvidia-driver/pkg/atomicfile"
+	"github.com/talos-nvidia/nvidia-driver/pkg/driverroot"
 )
 
 // Spec describes one daemon: how to start it and where its state lives.
@@ -123,11 +124,8 @@ func (e *NotRestartedError) Error() string {
 
 func (e *NotRestartedError) Unwrap() error { return e.Err }
 
-// Paths inside a glibc subroot (see DESIGN.md §4, "the subroot").
+// Run directories of the daemons (the subroot's paths are pkg/driverroot's).
 const (
-	subrootLoader = "lib64/ld-linux-x86-64.so.2"
-	subrootLibDir = "usr/lib64"
-
 	// PersistencedRunDir is where nvidia-persistenced keeps its state; the path is
 	// compiled into the daemon and no flag changes it.
 	PersistencedRunDir = "/var/run/nvidia-persistenced"
@@ -165,7 +163,7 @@ func DefaultPersistencedOptions(driverRoot string) PersistencedOptions {
 // Persistenced returns the spec of nvidia-persistenced run from a subroot with the
 // subroot's own loader:
 //
-//	<root>/lib64/ld-linux-x86-64.so.2 --library-path <root>/usr/lib64 \
+//	<root>/<driverroot.LoaderPath> --library-path <root>/usr/lib64 \
 //	    <root>/usr/bin/nvidia-persistenced --nvidia-cfg-path <root>/usr/lib64 ...
 //
 // It checks that the files the daemon needs are there.
@@ -176,7 +174,7 @@ func Persistenced(o PersistencedOptions) (Spec, error) {
 	if err := checkSubroot(o.DriverRoot, "usr/bin/nvidia-persistenced", "usr/lib64/libnvidia-cfg.so.1"); err != nil {
 		return Spec{}, fmt.Errorf("nvidia-persistenced: %w", err)
 	}
-	libDir := filepath.Join(o.DriverRoot, subrootLibDir)
+	libDir := filepath.Join(o.DriverRoot, driverroot.LibDir)
 	args := []string{"--library-path", libDir, filepath.Join(o.DriverRoot, "usr/bin/nvidia-persistenced"),
 		"--nvidia-cfg-path", libDir}
 	if o.PersistenceMode {
@@ -194,7 +192,7 @@ func Persistenced(o PersistencedOptions) (Spec, error) {
 	}
 	s := Spec{
 		Name:      "nvidia-persistenced",
-		Path:      filepath.Join(o.DriverRoot, subrootLoader),
+		Path:      filepath.Join(o.DriverRoot, driverroot.LoaderPath),
 		Args:      args,
 		Env:       o.Env,
 		RunDir:    o.RunDir,
@@ -278,8 +276,8 @@ func FabricManager(o FabricManagerOptions) (Spec, error) {
 	apiAddr := fabricManagerAPIAddr(shipped)
 	s := Spec{
 		Name: "nv-fabricmanager",
-		Path: filepath.Join(o.DriverRoot, subrootLoader),
-		Args: []string{"--library-path", filepath.Join(o.DriverRoot, subrootLibDir),
+		Path: filepath.Join(o.DriverRoot, driverroot.LoaderPath),
+		Args: []string{"--library-path", filepath.Join(o.DriverRoot, driverroot.LibDir),
 			filepath.Join(o.DriverRoot, "usr/bin/nv-fabricmanager"), "-c", cfg},
 		Env:        o.Env,
 		Foreground: true,
@@ -384,7 +382,7 @@ func checkSubroot(root string, files ...string) error {
 		return fmt.Errorf("driver root %q is not an absolute path", root)
 	}
 	var errs []error
-	for _, f := range append([]string{subrootLoader}, files...) {
+	for _, f := range append([]string{driverroot.LoaderPath}, files...) {
 		if _, err := os.Stat(filepath.Join(root, f)); err != nil {
 			errs = append(errs, fmt.Errorf("subroot %s lacks %s: %w", root, f, err))
 		}

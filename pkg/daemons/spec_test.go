@@ -11,6 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/talos-nvidia/nvidia-driver/pkg/daemons"
+	"github.com/talos-nvidia/nvidia-driver/pkg/driverroot"
 )
 
 var update = flag.Bool("update", false, "rewrite golden files")
@@ -35,7 +36,7 @@ func TestPersistencedArgs(t *testing.T) {
 			tc.edit(&o)
 			s, err := daemons.Persistenced(o)
 			require.NoError(t, err)
-			assert.Equal(t, filepath.Join(root, "lib64/ld-linux-x86-64.so.2"), s.Path)
+			assert.Equal(t, filepath.Join(root, driverroot.LoaderPath), s.Path)
 			assert.Equal(t, append(append([]string{}, head...), tc.tail...), s.Args)
 			assert.Equal(t, "/var/run/nvidia-persistenced", s.RunDir)
 			assert.Equal(t, "/var/run/nvidia-persistenced/nvidia-persistenced.pid", s.PIDFile)
@@ -46,10 +47,10 @@ func TestPersistencedArgs(t *testing.T) {
 
 func TestFabricManagerConfig(t *testing.T) {
 	root := t.TempDir()
-	for _, d := range []string{"lib64", "usr/bin", "usr/share/nvidia/nvswitch"} {
+	for _, d := range []string{filepath.Dir(driverroot.LoaderPath), "usr/bin", "usr/share/nvidia/nvswitch"} {
 		require.NoError(t, os.MkdirAll(filepath.Join(root, d), 0o755))
 	}
-	for _, f := range []string{"lib64/ld-linux-x86-64.so.2", "usr/bin/nv-fabricmanager"} {
+	for _, f := range []string{driverroot.LoaderPath, "usr/bin/nv-fabricmanager"} {
 		require.NoError(t, os.WriteFile(filepath.Join(root, f), nil, 0o755))
 	}
 	in, err := os.ReadFile("testdata/fabricmanager.cfg")
@@ -113,7 +114,7 @@ func TestRewriteConfigLines(t *testing.T) {
 // config says ABORT_CUDA_JOBS_ON_FM_EXIT=0, replacing NVIDIA's 1 where it stands.
 func TestFabricManagerKeepCUDAJobs(t *testing.T) {
 	root := t.TempDir()
-	for _, f := range []string{"lib64/ld-linux-x86-64.so.2", "usr/bin/nv-fabricmanager", daemons.FabricManagerConfig} {
+	for _, f := range []string{driverroot.LoaderPath, "usr/bin/nv-fabricmanager", daemons.FabricManagerConfig} {
 		require.NoError(t, os.MkdirAll(filepath.Dir(filepath.Join(root, f)), 0o755))
 		require.NoError(t, os.WriteFile(filepath.Join(root, f), []byte("ABORT_CUDA_JOBS_ON_FM_EXIT=1\nDAEMONIZE=1\n"), 0o755))
 	}

@@ -273,6 +273,12 @@ func (c *checker) checkLoader() {
 	if err != nil {
 		c.add(LoaderPath, ConsumerService, "glibc loader missing or not an ELF file: %v", unwrapPathError(err))
 	} else {
+		// A subroot of another architecture (an amd64 extension on an arm64 node) has
+		// no loader at this path, or one that cannot run here.
+		if f.Machine != loaderMachine {
+			c.add(LoaderPath, ConsumerService, "glibc loader for %v, but this node runs %v programs: the extension was built for another architecture", f.Machine, loaderMachine)
+		}
+
 		f.Close() //nolint:errcheck // read-only
 	}
 

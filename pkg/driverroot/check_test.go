@@ -1,6 +1,8 @@
 package driverroot_test
 
 import (
+	"debug/elf"
+	"encoding/binary"
 	"os"
 	"path/filepath"
 	"strings"
@@ -29,7 +31,7 @@ func TestCheckEmptySubroot(t *testing.T) {
 		"/usr/lib64/libnvidia-ml.so.1":  driverroot.ConsumerDevicePlugin,
 		"/usr/bin/nvidia-smi":           driverroot.ConsumerValidator,
 		"/usr/lib64/libcuda.so.1":       driverroot.ConsumerNvcdi,
-		"/lib64/ld-linux-x86-64.so.2":   driverroot.ConsumerService,
+		"/" + driverroot.LoaderPath:     driverroot.ConsumerService,
 		"/usr/lib64/libc.so.6":          driverroot.ConsumerService,
 		"/usr/bin/nvidia-persistenced":  driverroot.ConsumerPersistenced,
 		"/usr/lib64/libnvidia-cfg.so.1": driverroot.ConsumerPersistenced,
@@ -108,7 +110,7 @@ func TestCheckBrokenSubroot(t *testing.T) {
 			breakIt:  copyFile("usr/bin/nvidia-smi", "sbin/ldconfig"),
 			path:     "/sbin/ldconfig",
 			consumer: driverroot.ConsumerLdcache,
-			message:  "must be static, but asks for the interpreter /lib64/ld-linux-x86-64.so.2",
+			message:  "must be static, but asks for the interpreter /" + driverroot.LoaderPath,
 		},
 		{
 			name:     "no ld.so.cache",
@@ -147,10 +149,18 @@ func TestCheckBrokenSubroot(t *testing.T) {
 		},
 		{
 			name:     "no loader",
-			breakIt:  remove("lib64/ld-linux-x86-64.so.2"),
-			path:     "/lib64/ld-linux-x86-64.so.2",
+			breakIt:  remove(driverroot.LoaderPath),
+			path:     "/" + driverroot.LoaderPath,
 			consumer: driverroot.ConsumerService,
 			message:  "glibc loader missing",
+		},
+		{
+			// the subroot of another architecture's extension: its loader's ELF machine
+			name:     "loader of another architecture",
+			breakIt:  otherMachine(driverroot.LoaderPath),
+			path:     "/" + driverroot.LoaderPath,
+			consumer: driverroot.ConsumerService,
+			message:  "the extension was built for another architecture",
 		},
 		{
 			name:     "no socket directory",
@@ -206,6 +216,25 @@ func copyFile(from, to string) func(*testing.T, string) {
 		require.NoError(t, err)
 		require.NoError(t, os.Remove(filepath.Join(root, to)))
 		require.NoError(t, os.WriteFile(filepath.Join(root, to), data, 0o755))
+	}
+}
+
+// otherMachine rewrites an ELF file's e_machine (offset 18, little endian) to the other of
+// x86-64 and aarch64.
+func otherMachine(rel string) func(*testing.T, string) {
+	return func(t *testing.T, root string) {
+		p := filepath.Join(root, rel)
+		data, err := os.ReadFile(p)
+		require.NoError(t, err)
+
+		other := elf.EM_X86_64
+		if elf.Machine(binary.LittleEndian.Uint16(data[18:])) == elf.EM_X86_64 {
+			other = elf.EM_AARCH64
+		}
+
+		binary.LittleEndian.PutUint16(data[18:], uint16(other))
+		require.NoError(t, os.Remove(p))
+		require.NoError(t, os.WriteFile(p, data, 0o755))
 	}
 }
 

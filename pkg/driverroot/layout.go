@@ -7,10 +7,9 @@ import "path/filepath"
 
 // Paths inside a subroot. The layout is the same whether the subroot comes from NVIDIA's
 // installer (pkg.yaml), from Debian's packages or from an installed driver tree
-// (hack/build-subroot.sh).
+// (hack/build-subroot.sh), and on every architecture but for the glibc loader, which sits
+// at the architecture's standard interpreter path (LoaderPath, layout_<arch>.go).
 const (
-	// LoaderPath is the glibc loader, at the standard interpreter path.
-	LoaderPath = "lib64/ld-linux-x86-64.so.2"
 	// LibDir holds glibc and the NVIDIA libraries. Every consumer searches it; /usr/lib is
 	// in none of their lists.
 	LibDir = "usr/lib64"

@@ -5,12 +5,12 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"path/filepath"
 	"strings"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 	"github.com/siderolabs/go-cmd/pkg/cmd"
 
+	"github.com/talos-nvidia/nvidia-driver/pkg/driverroot"
 	"github.com/talos-nvidia/nvidia-driver/pkg/gpu"
 )
 
@@ -59,10 +59,9 @@ func (r NvidiaSMIResetter) ResetGPUs(ctx context.Context, busIDs []string) error
 }
 
 func (r NvidiaSMIResetter) reset(ctx context.Context, which string) error {
-	loader := filepath.Join(r.Root, "lib64/ld-linux-x86-64.so.2")
+	argv := driverroot.Command(r.Root, "nvidia-smi", "-r", "-i", which)
 
-	out, err := cmd.RunContext(ctx, loader, "--library-path", filepath.Join(r.Root, "usr/lib64"),
-		filepath.Join(r.Root, "usr/bin/nvidia-smi"), "-r", "-i", which)
+	out, err := cmd.RunContext(ctx, argv[0], argv[1:]...)
 	if err != nil {
 		return fmt.Errorf("nvidia-smi -r -i %s: %w (%s)", which, err, strings.TrimSpace(out))
 	}
