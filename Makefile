@@ -20,6 +20,9 @@ OUT ?= _out
 # Where the extension puts the glibc subroot on a Talos node. Programs that the host runs
 # directly (the CDI hook) take their ELF interpreter and libc from there.
 GLIBC_ROOT ?= /usr/local/glibc
+# The subroot's glibc loader, the hook's interpreter: x86-64's standard path; the release
+# recipe's binaries stage passes its platform's (GLIBC_LOADER of the root vars.yaml).
+GLIBC_LOADER ?= lib64/ld-linux-x86-64.so.2
 VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 
 export CGO_ENABLED := 1
@@ -43,7 +46,7 @@ build: binaries $(SUBROOT)
 binaries:
 	go build -trimpath -ldflags '$(GO_LDFLAGS)' -o $(OUT)/bin/nvidia-driver ./service
 	go build -trimpath -o $(OUT)/bin/nvidia-cdi-hook \
-	  -ldflags "-s -w -linkmode external -extldflags '-Wl,--dynamic-linker=$(GLIBC_ROOT)/lib64/ld-linux-x86-64.so.2 -Wl,-rpath,$(GLIBC_ROOT)/usr/lib64'" \
+	  -ldflags "-s -w -linkmode external -extldflags '-Wl,--dynamic-linker=$(GLIBC_ROOT)/$(GLIBC_LOADER) -Wl,-rpath,$(GLIBC_ROOT)/usr/lib64'" \
 	  $(HOOK_PKG)
 	CGO_ENABLED=0 go build -trimpath -ldflags '-s -w' -o $(OUT)/bin/extension ./hack/extension
 	hack/stage-service-rootfs.sh $(OUT)/bin/nvidia-driver $(OUT)/containers/nvidia-driver
