@@ -130,13 +130,15 @@ flavors:
 # A release image of one flavor with bldr's frontend (docker buildx), as siderolabs/extensions
 # builds its own (docs/extension.md). TALOS_VERSION empty: the recipes' default release.
 # IMAGE set: tagged and pushed there; unset: an image archive in $(OUT)/<flavor>.tar.
+# PLATFORM: linux/amd64 or linux/arm64 (DGX Spark, GH200, GB200).
 #   make release-image FLAVOR=nvidia-driver-lts-open TALOS_VERSION=v1.13.5 IMAGE=registry.example.com/talos/nvidia-driver-lts-open:580.167.08-v1.13.5
 FLAVOR ?= nvidia-driver-production-open
+PLATFORM ?= linux/amd64
 TALOS_VERSION ?=
 PKGS_PREFIX ?= ghcr.io/siderolabs
 IMAGE ?=
 release-image:
-	docker buildx build . --file=Pkgfile --target=$(FLAVOR) --platform=linux/amd64 --provenance=false --sbom=false \
+	docker buildx build . --file=Pkgfile --target=$(FLAVOR) --platform=$(PLATFORM) --provenance=false --sbom=false \
 	  $(if $(TALOS_VERSION),--build-arg=TALOS_VERSION=$(TALOS_VERSION)) --build-arg=PKGS_PREFIX=$(PKGS_PREFIX) --build-arg=TAG=$(VERSION) \
 	  $(if $(IMAGE),--tag=$(IMAGE) --push,--output=type=docker,dest=$(OUT)/$(FLAVOR).tar)
 
