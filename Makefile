@@ -20,6 +20,9 @@ OUT ?= _out
 # Where the extension puts the glibc subroot on a Talos node. Programs that the host runs
 # directly (the CDI hook) take their ELF interpreter and libc from there.
 GLIBC_ROOT ?= /usr/local/glibc
+# The subroot's glibc loader, the hook's interpreter: x86-64's standard path; the release
+# recipe's binaries stage passes its platform's (GLIBC_LOADER of the root vars.yaml).
+GLIBC_LOADER ?= lib64/ld-linux-x86-64.so.2
 VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 
 export CGO_ENABLED := 1
@@ -44,7 +47,7 @@ build: binaries $(SUBROOT)
 binaries:
 	go build -trimpath -ldflags '$(GO_LDFLAGS)' -o $(OUT)/bin/nvidia-driver ./service
 	go build -trimpath -o $(OUT)/bin/nvidia-cdi-hook \
-	  -ldflags "-s -w -linkmode external -extldflags '-Wl,--dynamic-linker=$(GLIBC_ROOT)/lib64/ld-linux-x86-64.so.2 -Wl,-rpath,$(GLIBC_ROOT)/usr/lib64'" \
+	  -ldflags "-s -w -linkmode external -extldflags '-Wl,--dynamic-linker=$(GLIBC_ROOT)/$(GLIBC_LOADER) -Wl,-rpath,$(GLIBC_ROOT)/usr/lib64'" \
 	  $(HOOK_PKG)
 	CGO_ENABLED=0 go build -trimpath -ldflags '-s -w' -o $(OUT)/bin/extension ./hack/extension
 	hack/stage-service-rootfs.sh $(OUT)/bin/nvidia-driver $(OUT)/containers/nvidia-driver
@@ -139,13 +142,15 @@ flavors:
 # A release image of one flavor with bldr's frontend (docker buildx), as siderolabs/extensions
 # builds its own (docs/extension.md). TALOS_VERSION empty: the recipes' default release.
 # IMAGE set: tagged and pushed there; unset: an image archive in $(OUT)/<flavor>.tar.
+# PLATFORM: linux/amd64 or linux/arm64 (DGX Spark, GH200, GB200).
 #   make release-image FLAVOR=nvidia-driver-lts-open TALOS_VERSION=v1.13.5 IMAGE=registry.example.com/talos/nvidia-driver-lts-open:580.167.08-v1.13.5
 FLAVOR ?= nvidia-driver-production-open
+PLATFORM ?= linux/amd64
 TALOS_VERSION ?=
 PKGS_PREFIX ?= ghcr.io/siderolabs
 IMAGE ?=
 release-image:
-	docker buildx build . --file=Pkgfile --target=$(FLAVOR) --platform=linux/amd64 --provenance=false --sbom=false \
+	docker buildx build . --file=Pkgfile --target=$(FLAVOR) --platform=$(PLATFORM) --provenance=false --sbom=false \
 	  $(if $(TALOS_VERSION),--build-arg=TALOS_VERSION=$(TALOS_VERSION)) --build-arg=PKGS_PREFIX=$(PKGS_PREFIX) --build-arg=TAG=$(VERSION) \
 	  $(if $(IMAGE),--tag=$(IMAGE) --push,--output=type=docker,dest=$(OUT)/$(FLAVOR).tar)
 

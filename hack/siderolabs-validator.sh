@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # Run siderolabs' own extension validator (github.com/siderolabs/extensions-validator, the
 # /extensions-validator of siderolabs' base stage) against every flavor's manifest and
-# rendered tree, for every Talos release of the recipes (hack/render-flavors), as the
-# flavors' test step runs it: `validate --rootfs=DIR --pkg-name=<flavor>`. Then, as a
-# control, against the same tree with the exact constraint "= <release>", which this
-# validator must reject (it checks against the Talos version of its own machinery).
+# rendered tree, for every platform (linux/amd64, linux/arm64) and Talos release of the
+# recipes (hack/render-flavors), as the flavors' test step runs it:
+# `validate --rootfs=DIR --pkg-name=<flavor>`. Then, as a control, against the same tree
+# with the exact constraint "= <release>", which this validator must reject (it checks
+# against the Talos version of its own machinery). The validator runs on this machine: the
+# arm64 trees are the arm64 build's manifests over this machine's rootfs.
 #
 #   hack/siderolabs-validator.sh VALIDATOR_CHECKOUT [TALOS_CHECKOUT]
 #
@@ -50,27 +52,35 @@ fi
 (cd "$top" && go run ./hack/render-flavors -out "$top/_out" -dir "$work/trees") >"$work/trees.tsv"
 
 fail=0
-while IFS=$'\t' read -r dir flavor release constraint; do
+while IFS=$'\t' read -r dir flavor release constraint platform; do
+  id="$platform $release $flavor"
   if out=$("$bin" validate --rootfs="$dir" --pkg-name="$flavor" 2>&1); then
-    echo "PASS $release $flavor (talos: \"$constraint\")${out:+: $out}"
+    echo "PASS $id (talos: \"$constraint\")${out:+: $out}"
   else
-    echo "FAIL $release $flavor (talos: \"$constraint\"): $out"
+    echo "FAIL $id (talos: \"$constraint\"): $out"
     fail=1
   fi
   # the control: the exact constraint must fail this validator, else the range is not needed
   sed -i "s/version: \"$constraint\"/version: \"= $release\"/" "$dir/manifest.yaml"
-  grep -q "version: \"= $release\"" "$dir/manifest.yaml" || { echo "FAIL $release $flavor: control: could not rewrite the constraint"; fail=1; continue; }
+  grep -q "version: \"= $release\"" "$dir/manifest.yaml" || { echo "FAIL $id: control: could not rewrite the constraint"; fail=1; continue; }
   if out=$("$bin" validate --rootfs="$dir" --pkg-name="$flavor" 2>&1); then
-    echo "FAIL $release $flavor: control \"= $release\" passed: the validator no longer checks against a prerelease"
+    echo "FAIL $id: control \"= $release\" passed: the validator no longer checks against a prerelease"
     fail=1
   else
-    echo "ok   $release $flavor: control \"= $release\" rejected: $(grep -m1 . <<<"$out")"
+    echo "ok   $id: control \"= $release\" rejected: $(grep -m1 . <<<"$out")"
   fi
 done <"$work/trees.tsv"
 
 [ -s "$work/trees.tsv" ] || { echo "siderolabs-validator: no flavors rendered" >&2; exit 1; }
+# every platform's trees, each as many as the other's
+counts=$(cut -f5 "$work/trees.tsv" | sort | uniq -c | awk '{print $1}' | sort -u | wc -l)
+platforms=$(cut -f5 "$work/trees.tsv" | sort -u | tr '\n' ' ')
+if [ "$platforms" != "linux/amd64 linux/arm64 " ] || [ "$counts" -ne 1 ]; then
+  echo "FAIL trees of the platforms ${platforms}: want linux/amd64 and linux/arm64, as many of each"
+  fail=1
+fi
 if [ "$fail" -ne 0 ]; then
   echo "siderolabs-validator: FAILED"
   exit 1
 fi
-echo "siderolabs-validator: PASS ($(wc -l <"$work/trees.tsv") flavor trees)"
+echo "siderolabs-validator: PASS ($(wc -l <"$work/trees.tsv") flavor trees: ${platforms% })"

@@ -8,9 +8,17 @@ set -euo pipefail
 bin=${1:?usage: stage-service-rootfs.sh BINARY OUTDIR}
 out=${2:?usage: stage-service-rootfs.sh BINARY OUTDIR}
 
+# glibc's library directory of the binary's architecture (the release recipe builds it on
+# linux/amd64 or linux/arm64)
+case $(readelf -h "$bin" | sed -n 's/^ *Machine: *//p') in
+  "Advanced Micro Devices X86-64") multiarch=x86_64-linux-gnu ;;
+  AArch64) multiarch=aarch64-linux-gnu ;;
+  *) echo "stage-service-rootfs: $bin is neither an x86-64 nor an AArch64 program" >&2; exit 1 ;;
+esac
+
 stage=$(mktemp -d "${TMPDIR:-/tmp}/service-rootfs.XXXXXX")
 trap 'rm -rf "$stage"' EXIT
-mkdir -p "$stage/usr/bin" "$stage/lib64" "$stage/lib/x86_64-linux-gnu" "$stage/etc"
+mkdir -p "$stage/usr/bin" "$stage/lib/$multiarch" "$stage/etc"
 install -m 0755 "$bin" "$stage/usr/bin/nvidia-driver"
 # nvidia-persistenced's /var/run/nvidia-persistenced is compiled in; the service's /run is
 # the host's (see extension/nvidia-driver.yaml).
@@ -23,22 +31,24 @@ mkdir -p "$stage/usr/share/nvidia" && ln -s /usr/local/glibc/usr/share/nvidia/nv
 
 interp=$(readelf -l "$bin" | sed -n 's/.*Requesting program interpreter: \(.*\)]/\1/p')
 [ -n "$interp" ] || { echo "stage-service-rootfs: $bin has no ELF interpreter" >&2; exit 1; }
-cp -L "$interp" "$stage/lib64/ld-linux-x86-64.so.2"
+# at the path the binary asks for (/lib64/ld-linux-x86-64.so.2, /lib/ld-linux-aarch64.so.1)
+mkdir -p "$stage$(dirname "$interp")"
+cp -L "$interp" "$stage$interp"
 
 # Every library the binary needs, as the build machine's loader resolves it (the loader's
 # --list is what ldd runs; the release build installs no ldd).
 list() { "$interp" --list "$1"; }
 list "$bin" | awk '/=> \//{print $3}' | while read -r lib; do
-  cp -L "$lib" "$stage/lib/x86_64-linux-gnu/"
+  cp -L "$lib" "$stage/lib/$multiarch/"
 done
 # And the rest of the same glibc: the service dlopens the subroot's libnvidia-ml.so.1, which
 # needs libm, libdl, libpthread and librt. They must come from the glibc of the service's own
 # libc, never from the subroot's (another glibc version).
 libc=$(list "$bin" | awk '/libc\.so\.6 => \//{print $3}')
 for lib in libm.so.6 libdl.so.2 libpthread.so.0 librt.so.1 libresolv.so.2; do
-  cp -L "$(dirname "$libc")/$lib" "$stage/lib/x86_64-linux-gnu/"
+  cp -L "$(dirname "$libc")/$lib" "$stage/lib/$multiarch/"
 done
-echo /lib/x86_64-linux-gnu >"$stage/etc/ld.so.conf"
+echo "/lib/$multiarch" >"$stage/etc/ld.so.conf"
 ldconfig -r "$stage"
 chmod -R go-w "$stage"
 chmod 0755 "$stage"

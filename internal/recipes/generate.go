@@ -68,7 +68,8 @@ func Generate(releases []Release, missing []Machinery) (map[string][]byte, error
 		Releases []Release
 		Missing  []Machinery
 		Branches []string
-	}{releases[0], releases, missing, Branches}); err != nil {
+		Arches   []Arch
+	}{releases[0], releases, missing, Branches, Arches()}); err != nil {
 		return nil, err
 	}
 

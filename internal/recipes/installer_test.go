@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 
@@ -19,7 +20,20 @@ import (
 // option_table.h).
 const installerSource = "testdata/nvidia-installer-580.119.02.txt"
 
-func readInstallerSource(t *testing.T) (types []string, options map[string]bool) {
+// installerOptions are the long options of one build of nvidia-installer.
+type installerOptions map[string]bool
+
+func readInstallerSource(t *testing.T) (types []string, options installerOptions) {
+	t.Helper()
+
+	types, options, _ = readInstallerSourceArch(t)
+
+	return types, options
+}
+
+// readInstallerSourceArch also returns the options only the x86_64 build has (booleans with
+// their --no- form).
+func readInstallerSourceArch(t *testing.T) (types []string, options, x86_64Only installerOptions) {
 	t.Helper()
 
 	f, err := os.Open(installerSource)
@@ -27,7 +41,7 @@ func readInstallerSource(t *testing.T) (types []string, options map[string]bool)
 
 	defer f.Close()
 
-	options = map[string]bool{}
+	options, x86_64Only = installerOptions{}, installerOptions{}
 
 	sc := bufio.NewScanner(f)
 	for sc.Scan() {
@@ -40,68 +54,104 @@ func readInstallerSource(t *testing.T) (types []string, options map[string]bool)
 			options[name] = true
 		case "boolean":
 			options[name], options["no-"+name] = true, true
+		case "x86_64": // after the options
+			x86_64Only[name] = true
+			if options["no-"+name] {
+				x86_64Only["no-"+name] = true
+			}
 		}
 	}
 
 	require.NoError(t, sc.Err())
 	require.Len(t, types, 65, "manifest.c's packageEntryFileTypeTable")
+	require.Len(t, x86_64Only, 5, "option_table.h's #if defined(NV_X86_64) block: the compat32 options")
 
-	return types, options
+	return types, options, x86_64Only
+}
+
+// x86_64Opts are the options userspace.sh adds on x86_64 only (its x86_64_opts array).
+var x86_64Opts = regexp.MustCompile(`(?m)^\s*if \[ "\$ARCH" = x86_64 \]; then x86_64_opts=\(([^)]*)\); fi$`)
+
+// installerArgs are the nvidia-installer options of userspace.sh for a build of arch: its
+// command line, and the x86_64 ones there.
+func installerArgs(t *testing.T, script, arch string, vars map[string]string) recipes.InstallerFlags {
+	t.Helper()
+
+	m := x86_64Opts.FindStringSubmatch(script)
+	require.NotNil(t, m, "userspace.sh sets x86_64_opts on x86_64")
+	require.True(t, strings.Contains(script, `"${x86_64_opts[@]}" \`+"\n"), "userspace.sh gives the installer x86_64_opts")
+
+	line := script
+	if arch == "x86_64" {
+		// as if written on the command line
+		line = strings.Replace(script, `"${x86_64_opts[@]}" \`, m[1]+` \`, 1)
+	}
+
+	flags, err := recipes.ParseInstallerFlags(line, vars)
+	require.NoError(t, err)
+
+	return flags
 }
 
 // TestInstallerFilesStayInTheSubroot: for every file type of the installer's MANIFEST table,
 // the userspace stage's command line puts it in the subroot or the firmware directory, or
 // keeps the installer from installing it; and every option on it is one the installer has.
 func TestInstallerFilesStayInTheSubroot(t *testing.T) {
-	types, options := readInstallerSource(t)
-	tr := load(t, nil)
+	types, options, x86_64Only := readInstallerSourceArch(t)
 
-	for _, b := range recipes.Branches {
-		t.Run(b, func(t *testing.T) {
-			p := tr.Pkg("nvidia-userspace-" + b)
-			require.NotNil(t, p)
+	script, err := os.ReadFile(filepath.Join(testutil.RepoRoot(t), "stages", "scripts", "userspace.sh"))
+	require.NoError(t, err)
 
-			step := p.Steps[0]
-			subroot := step.Env["SUBROOT"]
-			require.Equal(t, "/rootfs/usr/local/glibc", subroot)
+	for _, a := range recipes.Arches() {
+		tr := loadPlatform(t, a.Platform, nil)
 
-			firmware := "/rootfs/usr/lib/firmware/nvidia/" + p.Vars["NVIDIA_DRIVER_"+strings.ToUpper(b)+"_VERSION"]
+		for _, b := range recipes.Branches {
+			t.Run(a.Name+"/"+b, func(t *testing.T) {
+				p := tr.Pkg("nvidia-userspace-" + b)
+				require.NotNil(t, p)
 
-			// The step runs the installer through the stage script.
-			require.Contains(t, step.Install, "/usr/libexec/nvidia-driver/userspace.sh install")
+				step := p.Steps[0]
+				subroot := step.Env["SUBROOT"]
+				require.Equal(t, "/rootfs/usr/local/glibc", subroot)
+				require.Equal(t, a.Name, step.Env["ARCH"], "the step's ARCH is the platform's")
 
-			script, err := os.ReadFile(filepath.Join(testutil.RepoRoot(t), "stages", "scripts", "userspace.sh"))
-			require.NoError(t, err)
+				firmware := "/rootfs/usr/lib/firmware/nvidia/" + p.Vars["NVIDIA_DRIVER_"+strings.ToUpper(b)+"_VERSION"]
 
-			flags, err := recipes.ParseInstallerFlags(string(script), map[string]string{
-				"SUBROOT": subroot, "firmware": firmware,
+				// The step runs the installer through the stage script.
+				require.Contains(t, step.Install, "/usr/libexec/nvidia-driver/userspace.sh install")
+
+				flags := installerArgs(t, string(script), step.Env["ARCH"], map[string]string{"SUBROOT": subroot, "firmware": firmware})
+
+				for o := range flags.Options {
+					assert.True(t, options[o], "--%s is not an option of nvidia-installer 580.119.02", o)
+					assert.False(t, a.Name != "x86_64" && x86_64Only[o], "--%s: only the installer's x86_64 build has it, its %s build rejects it", o, a.Name)
+				}
+
+				// NVIDIA's x86_64 archive has 32-bit libraries, which the subroot leaves out.
+				_, noCompat32 := flags.Options["no-install-compat32-libs"]
+				assert.Equal(t, a.Name == "x86_64", noCompat32, "--no-install-compat32-libs on x86_64 only")
+
+				for typ := range flags.Overrides {
+					assert.Contains(t, types, typ, "override of a file type the installer does not have")
+				}
+
+				for _, typ := range types {
+					d, ok := flags.InstallerDestination(typ)
+					if !assert.True(t, ok, "%s: a file type the model (installer.go) does not know: add its set_destinations rule", typ) {
+						continue
+					}
+
+					switch {
+					case d.Dropped != "":
+					case d.FromManifest:
+						t.Errorf("%s: goes where its MANIFEST entry says (an absolute path): override it", typ)
+					case within(d.Dir, subroot), within(d.Dir, firmware):
+					default:
+						t.Errorf("%s: installed to %s, outside the subroot %s and %s", typ, d.Dir, subroot, firmware)
+					}
+				}
 			})
-			require.NoError(t, err)
-
-			for o := range flags.Options {
-				assert.True(t, options[o], "--%s is not an option of nvidia-installer 580.119.02", o)
-			}
-
-			for typ := range flags.Overrides {
-				assert.Contains(t, types, typ, "override of a file type the installer does not have")
-			}
-
-			for _, typ := range types {
-				d, ok := flags.InstallerDestination(typ)
-				if !assert.True(t, ok, "%s: a file type the model (installer.go) does not know: add its set_destinations rule", typ) {
-					continue
-				}
-
-				switch {
-				case d.Dropped != "":
-				case d.FromManifest:
-					t.Errorf("%s: goes where its MANIFEST entry says (an absolute path): override it", typ)
-				case within(d.Dir, subroot), within(d.Dir, firmware):
-				default:
-					t.Errorf("%s: installed to %s, outside the subroot %s and %s", typ, d.Dir, subroot, firmware)
-				}
-			}
-		})
+		}
 	}
 }
 

@@ -23,12 +23,17 @@ type Options struct {
 	// template context as BUILD_ARG_<name> (pkgfile/build.go, "push build arguments as
 	// BUILD_ARGS_ prefixed variables").
 	BuildArgs map[string]string
+	// Platform is docker buildx's --platform, one of bldr's (Platforms); empty is
+	// DefaultPlatform.
+	Platform string
 }
 
 // Tree is a loaded recipe tree.
 type Tree struct {
-	Root    string
-	Pkgfile Pkgfile
+	Root string
+	// Platform is the platform it was loaded for (Options.Platform, or DefaultPlatform).
+	Platform string
+	Pkgfile  Pkgfile
 	// Pkgs are in the order bldr's filesystem walk finds them.
 	Pkgs []*Pkg
 	// Attached maps each template (path relative to Root) to the package it belongs to.
@@ -46,16 +51,45 @@ func (t *Tree) Pkg(name string) *Pkg {
 	return nil
 }
 
-// DefaultVars are the variables bldr puts into every context before the build arguments
-// and the Pkgfile's vars, for a linux/amd64 build (environment/default.go,
-// environment/platform.go, environment/options.go GetVariables).
-func DefaultVars() map[string]string {
-	return map[string]string{
-		"LDFLAGS": "-s", "VENDOR": "talos", "SYSROOT": "/talos", "PATH": "/bin:/usr/bin:/sbin:/usr/sbin",
-		"BUILD": "x86_64-linux-musl", "HOST": "x86_64-linux-musl",
-		"ARCH": "x86_64", "TARGET": "x86_64-talos-linux-musl",
-		"CFLAGS": "-O2 -g0 -march=x86-64-v2 -mtune=generic", "CXXFLAGS": "-O2 -g0 -march=x86-64-v2 -mtune=generic",
+// DefaultPlatform is the platform of a load without Options.Platform.
+const DefaultPlatform = "linux/amd64"
+
+// Platform is one of bldr's target platforms (environment/platform.go): the variables it
+// puts into every context. bldr's frontend loads the tree once per requested platform, with
+// that platform as both build and target platform (pkgfile/build.go platformContextCache.get):
+// ARCH, TARGET, CFLAGS and CXXFLAGS are the target's, BUILD and HOST the build platform's.
+type Platform struct {
+	ID, Arch, Target, Build, Host, CFlags string
+}
+
+// Platforms are bldr's platforms (environment/platform.go LinuxAmd64, LinuxArm64).
+func Platforms() []Platform {
+	return []Platform{
+		{ID: "linux/amd64", Arch: "x86_64", Target: "x86_64-talos-linux-musl", Build: "x86_64-linux-musl", Host: "x86_64-linux-musl", CFlags: "-O2 -g0 -march=x86-64-v2 -mtune=generic"},
+		{ID: "linux/arm64", Arch: "aarch64", Target: "aarch64-talos-linux-musl", Build: "aarch64-linux-musl", Host: "aarch64-linux-musl", CFlags: "-O2 -g0"},
 	}
+}
+
+// DefaultVars are the variables bldr puts into every context before the build arguments
+// and the Pkgfile's vars, for a build of platform (environment/default.go,
+// environment/platform.go, environment/options.go GetVariables; "" is DefaultPlatform).
+func DefaultVars(platform string) (map[string]string, error) {
+	if platform == "" {
+		platform = DefaultPlatform
+	}
+
+	for _, p := range Platforms() {
+		if p.ID == platform {
+			return map[string]string{
+				"LDFLAGS": "-s", "VENDOR": "talos", "SYSROOT": "/talos", "PATH": "/bin:/usr/bin:/sbin:/usr/sbin",
+				"BUILD": p.Build, "HOST": p.Host,
+				"ARCH": p.Arch, "TARGET": p.Target, "CFLAGS": p.CFlags, "CXXFLAGS": p.CFlags,
+			}, nil
+		}
+	}
+
+	// environment/platform.go Platform.Set
+	return nil, fmt.Errorf("platform %q is not defined", platform)
 }
 
 // funcs are the template functions the tree may use. bldr offers sprig's hermetic set
@@ -71,7 +105,10 @@ var syntaxLine = regexp.MustCompile(`^#\s*syntax\s*=\s*(\S+)\s*$`)
 
 // Load reads the tree at root as bldr does and reports every problem it finds at once.
 func Load(root string, opts Options) (*Tree, error) {
-	t := &Tree{Root: root, Attached: map[string]string{}}
+	t := &Tree{Root: root, Platform: opts.Platform, Attached: map[string]string{}}
+	if t.Platform == "" {
+		t.Platform = DefaultPlatform
+	}
 
 	var errs []error
 
@@ -82,7 +119,11 @@ func Load(root string, opts Options) (*Tree, error) {
 
 	t.Pkgfile = pf
 
-	base := DefaultVars()
+	base, err := DefaultVars(opts.Platform)
+	if err != nil {
+		return nil, err
+	}
+
 	for k, v := range opts.BuildArgs {
 		base["BUILD_ARG_"+k] = v
 	}

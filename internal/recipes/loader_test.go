@@ -211,4 +211,43 @@ func TestVarsInheritance(t *testing.T) {
 	tr, err = recipes.Load(tree(t, with(nil)), recipes.Options{})
 	require.NoError(t, err)
 	assert.Equal(t, "1.0-v1.13.9", tr.Pkg("final").Vars["VERSION"], "the default when the build argument is not given")
+	assert.Equal(t, "linux/amd64", tr.Platform)
+}
+
+// TestPlatformVars: each platform's variables are bldr v0.6.2's (environment/platform.go,
+// the same in v0.6.3), in vars.yaml as in pkg.yaml; a platform bldr does not have is refused
+// as bldr refuses it.
+func TestPlatformVars(t *testing.T) {
+	files := with(map[string]string{"final/vars.yaml": "VERSION: \"1.0-{{ .TALOS }}-{{ .ARCH }}\"\n"})
+
+	for platform, want := range map[string]map[string]string{
+		"linux/amd64": {
+			"ARCH": "x86_64", "TARGET": "x86_64-talos-linux-musl", "BUILD": "x86_64-linux-musl", "HOST": "x86_64-linux-musl",
+			"CFLAGS": "-O2 -g0 -march=x86-64-v2 -mtune=generic", "CXXFLAGS": "-O2 -g0 -march=x86-64-v2 -mtune=generic",
+			"VERSION": "1.0-v1.13.9-x86_64",
+		},
+		"linux/arm64": {
+			"ARCH": "aarch64", "TARGET": "aarch64-talos-linux-musl", "BUILD": "aarch64-linux-musl", "HOST": "aarch64-linux-musl",
+			"CFLAGS": "-O2 -g0", "CXXFLAGS": "-O2 -g0",
+			"VERSION": "1.0-v1.13.9-aarch64",
+		},
+	} {
+		tr, err := recipes.Load(tree(t, files), recipes.Options{Platform: platform})
+		require.NoError(t, err, platform)
+		assert.Equal(t, platform, tr.Platform)
+
+		for k, v := range want {
+			assert.Equal(t, v, tr.Pkg("final").Vars[k], "%s %s", platform, k)
+		}
+	}
+
+	_, err := recipes.Load(tree(t, files), recipes.Options{Platform: "linux/riscv64"})
+	assert.ErrorContains(t, err, `platform "linux/riscv64" is not defined`)
+
+	// The release flavors' architectures are bldr's platforms, by bldr's ARCH.
+	for _, a := range recipes.Arches() {
+		vars, err := recipes.DefaultVars(a.Platform)
+		require.NoError(t, err)
+		assert.Equal(t, a.Name, vars["ARCH"], a.Platform)
+	}
 }

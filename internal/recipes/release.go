@@ -41,6 +41,36 @@ const toolsImage = "{{ .BUILD_ARG_TOOLS_PREFIX }}/tools:{{ .BUILD_ARG_TOOLS }}"
 // Branches are NVIDIA's driver branches that Talos builds kernel modules for.
 var Branches = []string{"lts", "production"}
 
+// Arch is an architecture the release flavors are built for, as bldr, siderolabs and NVIDIA
+// name it.
+type Arch struct {
+	// Platform is the docker buildx --platform, one of bldr's (Platforms).
+	Platform string
+	// Name is bldr's ARCH of that platform.
+	Name string
+	// Siderolabs is the word in siderolabs' variable names: nvidia_driver_lts_<amd64>_sha256
+	// in pkgs' Pkgfile, NVIDIA_PKGS_LTS_<AMD64>_SHA256 (upper case) in extensions'
+	// nvidia-gpu/vars.yaml.
+	Siderolabs string
+	// Redist is NVIDIA's platform directory of its redistributable archives, as
+	// siderolabs/extensions picks it by ARCH (nvidia-gpu/nvidia-container-toolkit/nvidia-pkgs/
+	// <branch>/pkg.yaml, nvidia-gpu/nvidia-fabricmanager/<branch>/pkg.yaml).
+	Redist string
+	// Loader is the glibc loader's path in the subroot: the architecture's standard
+	// interpreter path, which NVIDIA's programs of that architecture ask for.
+	Loader string
+}
+
+// Arches are the architectures of the release flavors, linux/amd64 first.
+func Arches() []Arch {
+	return []Arch{
+		{Platform: "linux/amd64", Name: "x86_64", Siderolabs: "amd64", Redist: "linux-x86_64", Loader: "lib64/ld-linux-x86-64.so.2"},
+		// linux-sbsa: NVIDIA's Arm server (SBSA) builds, siderolabs' arm64 archives: DGX
+		// Spark (GB10), GH200, GB200.
+		{Platform: "linux/arm64", Name: "aarch64", Siderolabs: "arm64", Redist: "linux-sbsa", Loader: "lib/ld-linux-aarch64.so.1"},
+	}
+}
+
 // Release is what the recipes need to know about one Talos release.
 type Release struct {
 	// From the machinery module of the release (gendata/data, constants/constants.go).
@@ -59,12 +89,18 @@ type Release struct {
 	Drivers map[string]Driver
 }
 
-// Driver is one branch's NVIDIA driver of a release (linux-x86_64 archives).
+// Driver is one branch's NVIDIA driver of a release.
 type Driver struct {
 	Version string
-	// SHA256 and SHA512 of nvidia_driver-linux-x86_64-<version>-archive.tar.xz.
+	// Archives by Arch.Name.
+	Archives map[string]Archives
+}
+
+// Archives are the checksums of one architecture's archives of a driver version.
+type Archives struct {
+	// SHA256 and SHA512 of nvidia_driver-<redist>-<version>-archive.tar.xz.
 	SHA256, SHA512 string
-	// FabricManagerSHA256/512 of fabricmanager-linux-x86_64-<version>-archive.tar.xz.
+	// FabricManagerSHA256/512 of fabricmanager-<redist>-<version>-archive.tar.xz.
 	FabricManagerSHA256, FabricManagerSHA512 string
 }
 
@@ -187,7 +223,7 @@ func ReleaseDirs(dir string) ([]string, error) {
 // ReadRelease combines a release directory's vendored files with the release's machinery
 // data and checks that they agree: the machinery's tag is the directory's, siderolabs'
 // extensions and pkgs are the ones that release was built from, and both name the same
-// driver versions and archive checksums.
+// driver versions and, for every architecture (Arches), archive checksums.
 func ReadRelease(dir string, m Machinery) (Release, error) {
 	talos := filepath.Base(dir)
 	r := Release{Talos: talos, Pkgs: m.Pkgs, Tools: m.Tools, Kernel: m.Kernel, Drivers: map[string]Driver{}}
@@ -248,26 +284,35 @@ func ReadRelease(dir string, m Machinery) (Release, error) {
 
 	for _, b := range Branches {
 		up := strings.ToUpper(b)
-		d := Driver{
-			Version:             pkgs["nvidia_driver_"+b+"_version"],
-			SHA256:              pkgs["nvidia_driver_"+b+"_amd64_sha256"],
-			SHA512:              pkgs["nvidia_driver_"+b+"_amd64_sha512"],
-			FabricManagerSHA256: ext["NVIDIA_FABRIC_MANAGER_"+up+"_AMD64_SHA256"],
-			FabricManagerSHA512: ext["NVIDIA_FABRIC_MANAGER_"+up+"_AMD64_SHA512"],
+		d := Driver{Version: pkgs["nvidia_driver_"+b+"_version"], Archives: map[string]Archives{}}
+
+		if d.Version == "" || d.Version != ext["NVIDIA_DRIVER_"+up+"_VERSION"] {
+			errs = append(errs, fmt.Errorf("%s: %s driver version: pkgs says %q, extensions %q", dir, b, d.Version, ext["NVIDIA_DRIVER_"+up+"_VERSION"]))
 		}
 
-		for what, pair := range map[string][2]string{
-			"version": {d.Version, ext["NVIDIA_DRIVER_"+up+"_VERSION"]},
-			"sha256":  {d.SHA256, ext["NVIDIA_PKGS_"+up+"_AMD64_SHA256"]},
-			"sha512":  {d.SHA512, ext["NVIDIA_PKGS_"+up+"_AMD64_SHA512"]},
-		} {
-			if pair[0] == "" || pair[0] != pair[1] {
-				errs = append(errs, fmt.Errorf("%s: %s driver %s: pkgs says %q, extensions %q", dir, b, what, pair[0], pair[1]))
+		for _, a := range Arches() {
+			arch, upArch := a.Siderolabs, strings.ToUpper(a.Siderolabs)
+			c := Archives{
+				SHA256:              pkgs["nvidia_driver_"+b+"_"+arch+"_sha256"],
+				SHA512:              pkgs["nvidia_driver_"+b+"_"+arch+"_sha512"],
+				FabricManagerSHA256: ext["NVIDIA_FABRIC_MANAGER_"+up+"_"+upArch+"_SHA256"],
+				FabricManagerSHA512: ext["NVIDIA_FABRIC_MANAGER_"+up+"_"+upArch+"_SHA512"],
 			}
-		}
 
-		if d.FabricManagerSHA256 == "" || d.FabricManagerSHA512 == "" {
-			errs = append(errs, fmt.Errorf("%s: no fabric manager checksums for the %s driver", filepath.Join(dir, ExtensionsVarsFile), b))
+			for _, pair := range []struct{ what, pkgs, ext string }{
+				{"sha256", c.SHA256, ext["NVIDIA_PKGS_"+up+"_"+upArch+"_SHA256"]},
+				{"sha512", c.SHA512, ext["NVIDIA_PKGS_"+up+"_"+upArch+"_SHA512"]},
+			} {
+				if pair.pkgs == "" || pair.pkgs != pair.ext {
+					errs = append(errs, fmt.Errorf("%s: %s driver %s %s: pkgs says %q, extensions %q", dir, b, arch, pair.what, pair.pkgs, pair.ext))
+				}
+			}
+
+			if c.FabricManagerSHA256 == "" || c.FabricManagerSHA512 == "" {
+				errs = append(errs, fmt.Errorf("%s: no %s fabric manager checksums for the %s driver", filepath.Join(dir, ExtensionsVarsFile), arch, b))
+			}
+
+			d.Archives[a.Name] = c
 		}
 
 		r.Drivers[b] = d

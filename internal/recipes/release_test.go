@@ -35,7 +35,22 @@ func TestReleaseDataMustAgree(t *testing.T) {
 		{
 			name: "pkgs and extensions name other checksums",
 			file: recipes.PkgsPkgfileFile, old: "93e0487897e843be", new: "0000000000000000",
-			want: "production driver sha256: pkgs says \"0000000000000000",
+			want: "production driver amd64 sha256: pkgs says \"0000000000000000",
+		},
+		{
+			name: "pkgs and extensions name other arm64 checksums",
+			file: recipes.ExtensionsVarsFile, old: "NVIDIA_PKGS_LTS_ARM64_SHA512: 05fac615", new: "NVIDIA_PKGS_LTS_ARM64_SHA512: 00000000",
+			want: "lts driver arm64 sha512: pkgs says \"05fac615240326349e2cc3c999f1a0d2181a0cc88ece6f28b964a16ef70f9d23cc7b4c76cb478a4345f0587de5e9f43a746f7070a8babee91fb9803a9e938fe2\", extensions \"00000000",
+		},
+		{
+			name: "pkgs without the arm64 checksum",
+			file: recipes.PkgsPkgfileFile, old: "  nvidia_driver_production_arm64_sha256:", new: "  nvidia_driver_production_arm64_sha256_gone:",
+			want: "production driver arm64 sha256: pkgs says \"\", extensions \"f0833df649a72c7c",
+		},
+		{
+			name: "no arm64 fabric manager checksum",
+			file: recipes.ExtensionsVarsFile, old: "NVIDIA_FABRIC_MANAGER_PRODUCTION_ARM64_SHA256:", new: "NVIDIA_FABRIC_MANAGER_PRODUCTION_ARM64_SHA256_GONE:",
+			want: "no arm64 fabric manager checksums for the production driver",
 		},
 		{
 			name: "pkgs and extensions name other versions",
@@ -103,11 +118,22 @@ func TestReleaseDataMustAgree(t *testing.T) {
 				assert.Equal(t, "ghcr.io/siderolabs/extensions-validator:84cecb0", r.Validator)
 				assert.Equal(t, "v1.13.0", r.Floor())
 				assert.Equal(t, recipes.Driver{
-					Version:             "595.91.07",
-					SHA256:              "93e0487897e843be767a3d259dffea8ac32dffff846e83df8d3abbf30be754ae",
-					SHA512:              "a7cb28e9025218ea72bb868b3927f5ef08f790a9427de13db2678c3488dce689c6dde788f1162eeb809d99b43ee3b44ebe8688c63033a481d8973b328189d274",
-					FabricManagerSHA256: "c91cd6e2fb845a4554d50e061974ebc80f35034f9655e348908783a02e87ddb6",
-					FabricManagerSHA512: "a6af44d1f1f46caf1cd858a2638cc517a07a322ec6f5b4497a2e68f4330ebe6527540ecb625bf6172c0cb54d3394f0dfb204af03edef511b0f09a7948f013d7b",
+					Version: "595.91.07",
+					Archives: map[string]recipes.Archives{
+						"x86_64": {
+							SHA256:              "93e0487897e843be767a3d259dffea8ac32dffff846e83df8d3abbf30be754ae",
+							SHA512:              "a7cb28e9025218ea72bb868b3927f5ef08f790a9427de13db2678c3488dce689c6dde788f1162eeb809d99b43ee3b44ebe8688c63033a481d8973b328189d274",
+							FabricManagerSHA256: "c91cd6e2fb845a4554d50e061974ebc80f35034f9655e348908783a02e87ddb6",
+							FabricManagerSHA512: "a6af44d1f1f46caf1cd858a2638cc517a07a322ec6f5b4497a2e68f4330ebe6527540ecb625bf6172c0cb54d3394f0dfb204af03edef511b0f09a7948f013d7b",
+						},
+						// siderolabs' NVIDIA_PKGS_PRODUCTION_ARM64_* and NVIDIA_FABRIC_MANAGER_PRODUCTION_ARM64_*
+						"aarch64": {
+							SHA256:              "f0833df649a72c7cb675a179add564b8f8ed76c2e83faa9f1161f101d82b4fd3",
+							SHA512:              "1ad7b483dd576ed49ade0427232b3259cccd030a3d8e937110ec3f850fcd84e7004a563761144f2420bf54e96686ab26e758e857e5b95e2ee80786856ab10607",
+							FabricManagerSHA256: "1a5535bdac4b579b1f0a0238ef14dd61ec44f15e368c8b2181aa894f298bb2d2",
+							FabricManagerSHA512: "d1e9b73b36439e978423531fa3e6a35dd8bd896a018b497e7840ba83efe29479e496bf1adc287b5e2109f6cd5c5fb319cbba96c96ec24714e358963cafb8afdd",
+						},
+					},
 				}, r.Drivers["production"])
 				assert.Equal(t, "580.178.04", r.Drivers["lts"].Version)
 

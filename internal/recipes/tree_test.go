@@ -80,12 +80,19 @@ func TestRecipesAreCurrent(t *testing.T) {
 }
 
 // load loads the repository's tree for one release, as bldr's frontend would with
-// --build-arg TALOS_VERSION=<release>.
+// --build-arg TALOS_VERSION=<release>, for linux/amd64.
 func load(t *testing.T, args map[string]string) *recipes.Tree {
 	t.Helper()
 
-	tr, err := recipes.Load(testutil.RepoRoot(t), recipes.Options{BuildArgs: args})
-	require.NoError(t, err, "bldr would not load the tree with build arguments %v", args)
+	return loadPlatform(t, "", args)
+}
+
+// loadPlatform loads it for one platform (docker buildx --platform).
+func loadPlatform(t *testing.T, platform string, args map[string]string) *recipes.Tree {
+	t.Helper()
+
+	tr, err := recipes.Load(testutil.RepoRoot(t), recipes.Options{BuildArgs: args, Platform: platform})
+	require.NoError(t, err, "bldr would not load the tree for %q with build arguments %v", platform, args)
 
 	return tr
 }
@@ -108,47 +115,59 @@ func TestRecipeTreeLoads(t *testing.T) {
 
 	sort.Strings(want)
 
-	for _, args := range []map[string]string{nil, {"TALOS_VERSION": rs[0].Talos, "PKGS_PREFIX": "ghcr.io/siderolabs", "PKGS": rs[0].Pkgs, "TAG": "v0.1.0"}, {"TALOS_VERSION": rs[1].Talos}} {
-		tr := load(t, args)
-
-		var names []string
-		for _, p := range tr.Pkgs {
-			names = append(names, p.Name)
+	for _, a := range recipes.Arches() {
+		for _, args := range []map[string]string{nil, {"TALOS_VERSION": rs[0].Talos, "PKGS_PREFIX": "ghcr.io/siderolabs", "PKGS": rs[0].Pkgs, "TAG": "v0.1.0"}, {"TALOS_VERSION": rs[1].Talos}} {
+			treeLoads(t, loadPlatform(t, a.Platform, args), rs, args, want, attached)
 		}
+	}
+}
 
-		sort.Strings(names)
-		assert.Equal(t, want, names)
-		assert.Equal(t, attached, tr.Attached, "templates: only each flavor's manifest")
-		assert.Equal(t, "ghcr.io/siderolabs/bldr:"+rs[0].BldrRelease, tr.Pkgfile.Syntax, "Pkgfile's # syntax line")
-		assert.Equal(t, "/usr/local/glibc", tr.Pkgfile.Vars["GLIBC_ROOT"], "the subroot path of the Makefile and pkg/extension")
-		assert.Equal(t, "/"+extension.SubrootPath, tr.Pkgfile.Vars["GLIBC_ROOT"])
+// treeLoads checks one loaded tree (TestRecipeTreeLoads).
+func treeLoads(t *testing.T, tr *recipes.Tree, rs []recipes.Release, args map[string]string, want []string, attached map[string]string) {
+	t.Helper()
 
-		// The root package builds from the module source: bldr copies its directory, the
-		// repository root, into /pkg.
-		assert.Equal(t, ".", tr.Pkg("nvidia-driver-binaries").Dir)
+	var names []string
+	for _, p := range tr.Pkgs {
+		names = append(names, p.Name)
+	}
 
-		// The final stages are shaped as siderolabs' (internal/base/pkg.yaml and the
-		// nvidia-gpu final stages at the release's tag): scratch on the base stage, which
-		// is the release's tools image and siderolabs' validator image, merged at /.
-		r := rs[0]
-		if args["TALOS_VERSION"] != "" {
-			r = releaseOf(t, rs, args["TALOS_VERSION"])
-		}
+	sort.Strings(names)
+	assert.Equal(t, want, names)
+	assert.Equal(t, attached, tr.Attached, "templates: only each flavor's manifest")
+	assert.Equal(t, "ghcr.io/siderolabs/bldr:"+rs[0].BldrRelease, tr.Pkgfile.Syntax, "Pkgfile's # syntax line")
+	assert.Equal(t, "/usr/local/glibc", tr.Pkgfile.Vars["GLIBC_ROOT"], "the subroot path of the Makefile and pkg/extension")
+	assert.Equal(t, "/"+extension.SubrootPath, tr.Pkgfile.Vars["GLIBC_ROOT"])
 
-		base := tr.Pkg("base")
-		require.NotNil(t, base)
-		assert.Equal(t, "scratch", base.Variant)
-		assert.Equal(t, []recipes.Dependency{{Image: "ghcr.io/siderolabs/tools:" + r.Tools}, {Image: r.Validator}}, base.Dependencies)
-		assert.Equal(t, []recipes.Finalize{{From: "/", To: "/"}}, base.Finalize)
+	// The root package builds from the module source: bldr copies its directory, the
+	// repository root, into /pkg; make builds the hook for the platform's loader.
+	bin := tr.Pkg("nvidia-driver-binaries")
+	assert.Equal(t, ".", bin.Dir)
+	assert.Contains(t, bin.Steps[1].Build[0], `GLIBC_LOADER="`+bin.Vars["GLIBC_LOADER"]+`"`)
 
-		for _, f := range flavors {
-			p := tr.Pkg(f.Name)
-			assert.Equal(t, "scratch", p.Variant, f.Name)
-			assert.Equal(t, recipes.Dependency{Stage: "base"}, p.Dependencies[0], "%s: the base stage is its build root", f.Name)
+	// The final stages are shaped as siderolabs' (internal/base/pkg.yaml and the
+	// nvidia-gpu final stages at the release's tag): scratch on the base stage, which
+	// is the release's tools image and siderolabs' validator image, merged at /.
+	r := rs[0]
+	if args["TALOS_VERSION"] != "" {
+		r = releaseOf(t, rs, args["TALOS_VERSION"])
+	}
 
-			for _, d := range p.Dependencies {
-				assert.NotContains(t, d.Image, "extensions-validator", "%s: the validator comes with the base stage only", f.Name)
-			}
+	base := tr.Pkg("base")
+	require.NotNil(t, base)
+	assert.Equal(t, "scratch", base.Variant)
+	assert.Equal(t, []recipes.Dependency{{Image: "ghcr.io/siderolabs/tools:" + r.Tools}, {Image: r.Validator}}, base.Dependencies)
+	assert.Equal(t, []recipes.Finalize{{From: "/", To: "/"}}, base.Finalize)
+
+	for _, f := range recipes.Flavors() {
+		p := tr.Pkg(f.Name)
+		assert.Equal(t, "scratch", p.Variant, f.Name)
+		assert.Equal(t, recipes.Dependency{Stage: "base"}, p.Dependencies[0], "%s: the base stage is its build root", f.Name)
+
+		for _, d := range p.Dependencies {
+			assert.NotContains(t, d.Image, "extensions-validator", "%s: the validator comes with the base stage only", f.Name)
+			// bldr pulls each image for the build's platform: a pinned platform would
+			// mix architectures
+			assert.Empty(t, d.Platform, "%s: a dependency of one platform", f.Name)
 		}
 	}
 }
@@ -211,69 +230,100 @@ func TestBuildArgumentsAreDocumented(t *testing.T) {
 // the Talos packages image of the modules, the kind of modules, and the manifest that
 // Talos reads.
 func TestFlavorsMatchTheirRelease(t *testing.T) {
+	// NVIDIA's platform directories, as siderolabs/extensions names them by ARCH
+	// (nvidia-gpu/nvidia-container-toolkit/nvidia-pkgs/<branch>/pkg.yaml)
+	redist := map[string]string{"x86_64": "linux-x86_64", "aarch64": "linux-sbsa"}
+
 	for _, r := range releases(t) {
-		tr := load(t, map[string]string{"TALOS_VERSION": r.Talos})
+		manifests := map[string][]byte{}
 
-		for _, f := range recipes.Flavors() {
-			t.Run(r.Talos+"/"+f.Name, func(t *testing.T) {
-				d := r.Drivers[f.Branch]
-				p := tr.Pkg(f.Name)
-				require.NotNil(t, p)
-
-				assert.Equal(t, d.Version, p.Vars["NVIDIA_DRIVER_VERSION"])
-				assert.Equal(t, r.Pkgs, p.Vars["PKGS_VERSION"])
-				assert.Equal(t, r.Kernel, p.Vars["KERNEL_VERSION"])
-				assert.Equal(t, extension.ModuleKind(f.Modules).License(), p.Vars["NVIDIA_MODULES_LICENSE"], "the license nvidia.ko of this kind declares")
-				// siderolabs/pkgs names the images of the two kinds so (nvidia-gpu/nvidia-modules and
-				// nonfree/kmod-nvidia in siderolabs/extensions pull them).
-				kindImage := map[string]string{"open": "nvidia-open-gpu-kernel-modules-", "proprietary": "nonfree-kmod-nvidia-"}[f.Modules] + f.Branch + "-pkg"
-				assert.Contains(t, tr.Images(f.Name), "ghcr.io/siderolabs/"+kindImage+":"+r.Pkgs, "kernel modules of the flavor's kind, signed for this release")
-				assert.Contains(t, tr.Images(f.Name), "cgr.dev/chainguard/wolfi-base@"+r.WolfiBaseRef)
-
-				us := tr.Pkg("nvidia-userspace-" + f.Branch)
-				require.NotNil(t, us)
-				assert.Contains(t, p.Dependencies, recipes.Dependency{Stage: us.Name})
-				require.Len(t, us.Steps[0].Sources, 2)
-				assert.Equal(t, recipes.Source{
-					URL:         "https://developer.download.nvidia.com/compute/nvidia-driver/redist/nvidia_driver/linux-x86_64/nvidia_driver-linux-x86_64-" + d.Version + "-archive.tar.xz",
-					Destination: "nvidia.tar.xz", SHA256: d.SHA256, SHA512: d.SHA512,
-				}, us.Steps[0].Sources[0])
-				assert.Equal(t, recipes.Source{
-					URL:         "https://developer.download.nvidia.com/compute/nvidia-driver/redist/fabricmanager/linux-x86_64/fabricmanager-linux-x86_64-" + d.Version + "-archive.tar.xz",
-					Destination: "fabricmanager.tar.xz", SHA256: d.FabricManagerSHA256, SHA512: d.FabricManagerSHA512,
-				}, us.Steps[0].Sources[1])
-
-				var m extensions.Manifest
-				require.NoError(t, yaml.Unmarshal(p.Templates["manifest.yaml"], &m))
-				assert.Equal(t, f.Name, m.Metadata.Name)
-				assert.Equal(t, d.Version+"-"+r.Talos, m.Metadata.Version)
-				assert.Equal(t, ">= "+r.Floor()+" <= "+r.Talos, m.Metadata.Compatibility.Talos.Version)
-
-				ext := extensions.New(t.TempDir(), f.Name, m)
-				this := semver.MustParse(strings.TrimPrefix(r.Talos, "v"))
-				next, nextMinor := this, this
-				next.Patch++
-				nextMinor.Minor++
-				// The Talos version siderolabs' extensions-validator 84cecb0 checks with: its
-				// machinery's gendata tag (v1.13.0-alpha.2 at 79fa2e3). "= <release>" fails it.
-				validator := semver.MustParse("1.13.0-alpha.2")
-
-				constraint := func(v semver.Version) error {
-					return ext.Validate(extensions.WithValidateConstraints(), extensions.WithTalosVersion(&v))
-				}
-
-				assert.NoError(t, constraint(this), "Talos's imager of the release")
-				assert.NoError(t, constraint(validator), "siderolabs' validator")
-				assert.Error(t, constraint(next), "modules are signed for one Talos build")
-				assert.Error(t, constraint(nextMinor), "modules are signed for one Talos build")
-
-				em := m
-				em.Metadata.Compatibility.Talos.Version = "= " + r.Talos
-				exact := extensions.New(t.TempDir(), f.Name, em)
-				assert.ErrorContains(t, exact.Validate(extensions.WithValidateConstraints(), extensions.WithTalosVersion(&validator)), "can't be satisfied with Talos version 1.13.0-alpha.2",
-					"why the constraint is a range: siderolabs' validator")
-			})
+		for _, a := range recipes.Arches() {
+			tr := loadPlatform(t, a.Platform, map[string]string{"TALOS_VERSION": r.Talos})
+			flavorsMatch(t, tr, r, a, redist[a.Name], manifests)
 		}
+	}
+}
+
+// flavorsMatch checks the flavors of one release loaded for one platform
+// (TestFlavorsMatchTheirRelease); the manifest of each flavor must be the same on every
+// platform.
+func flavorsMatch(t *testing.T, tr *recipes.Tree, r recipes.Release, a recipes.Arch, redist string, manifests map[string][]byte) {
+	t.Helper()
+
+	require.Equal(t, a.Name, tr.Pkg("base").Vars["ARCH"], "bldr's ARCH of %s", a.Platform)
+
+	for _, f := range recipes.Flavors() {
+		t.Run(r.Talos+"/"+a.Platform+"/"+f.Name, func(t *testing.T) {
+			d := r.Drivers[f.Branch]
+			c := d.Archives[a.Name]
+			require.NotEmpty(t, c.SHA256, "%s checksums", a.Name)
+
+			p := tr.Pkg(f.Name)
+			require.NotNil(t, p)
+
+			assert.Equal(t, d.Version, p.Vars["NVIDIA_DRIVER_VERSION"])
+			assert.Equal(t, r.Pkgs, p.Vars["PKGS_VERSION"])
+			assert.Equal(t, r.Kernel, p.Vars["KERNEL_VERSION"])
+			assert.Equal(t, extension.ModuleKind(f.Modules).License(), p.Vars["NVIDIA_MODULES_LICENSE"], "the license nvidia.ko of this kind declares")
+			// siderolabs/pkgs names the images of the two kinds so (nvidia-gpu/nvidia-modules and
+			// nonfree/kmod-nvidia in siderolabs/extensions pull them).
+			kindImage := map[string]string{"open": "nvidia-open-gpu-kernel-modules-", "proprietary": "nonfree-kmod-nvidia-"}[f.Modules] + f.Branch + "-pkg"
+			assert.Contains(t, tr.Images(f.Name), "ghcr.io/siderolabs/"+kindImage+":"+r.Pkgs, "kernel modules of the flavor's kind, signed for this release")
+			assert.Contains(t, tr.Images(f.Name), "cgr.dev/chainguard/wolfi-base@"+r.WolfiBaseRef)
+
+			us := tr.Pkg("nvidia-userspace-" + f.Branch)
+			require.NotNil(t, us)
+			assert.Contains(t, p.Dependencies, recipes.Dependency{Stage: us.Name})
+			require.Len(t, us.Steps[0].Sources, 2)
+			assert.Equal(t, recipes.Source{
+				URL:         "https://developer.download.nvidia.com/compute/nvidia-driver/redist/nvidia_driver/" + redist + "/nvidia_driver-" + redist + "-" + d.Version + "-archive.tar.xz",
+				Destination: "nvidia.tar.xz", SHA256: c.SHA256, SHA512: c.SHA512,
+			}, us.Steps[0].Sources[0])
+			assert.Equal(t, recipes.Source{
+				URL:         "https://developer.download.nvidia.com/compute/nvidia-driver/redist/fabricmanager/" + redist + "/fabricmanager-" + redist + "-" + d.Version + "-archive.tar.xz",
+				Destination: "fabricmanager.tar.xz", SHA256: c.FabricManagerSHA256, SHA512: c.FabricManagerSHA512,
+			}, us.Steps[0].Sources[1])
+			assert.Equal(t, map[string]string{
+				"SUBROOT": "/rootfs/usr/local/glibc", "NVIDIA_DRIVER_VERSION": d.Version, "ARCH": a.Name, "GLIBC_LOADER": a.Loader,
+			}, us.Steps[0].Env, "the userspace stage's step environment")
+
+			// The manifest has no architecture: the same bytes on every platform.
+			if prev, ok := manifests[f.Name]; ok {
+				assert.Equal(t, string(prev), string(p.Templates["manifest.yaml"]), "%s: the manifest differs between platforms", f.Name)
+			}
+
+			manifests[f.Name] = p.Templates["manifest.yaml"]
+
+			var m extensions.Manifest
+			require.NoError(t, yaml.Unmarshal(p.Templates["manifest.yaml"], &m))
+			assert.Equal(t, f.Name, m.Metadata.Name)
+			assert.Equal(t, d.Version+"-"+r.Talos, m.Metadata.Version)
+			assert.Equal(t, ">= "+r.Floor()+" <= "+r.Talos, m.Metadata.Compatibility.Talos.Version)
+
+			ext := extensions.New(t.TempDir(), f.Name, m)
+			this := semver.MustParse(strings.TrimPrefix(r.Talos, "v"))
+			next, nextMinor := this, this
+			next.Patch++
+			nextMinor.Minor++
+			// The Talos version siderolabs' extensions-validator 84cecb0 checks with: its
+			// machinery's gendata tag (v1.13.0-alpha.2 at 79fa2e3). "= <release>" fails it.
+			validator := semver.MustParse("1.13.0-alpha.2")
+
+			constraint := func(v semver.Version) error {
+				return ext.Validate(extensions.WithValidateConstraints(), extensions.WithTalosVersion(&v))
+			}
+
+			assert.NoError(t, constraint(this), "Talos's imager of the release")
+			assert.NoError(t, constraint(validator), "siderolabs' validator")
+			assert.Error(t, constraint(next), "modules are signed for one Talos build")
+			assert.Error(t, constraint(nextMinor), "modules are signed for one Talos build")
+
+			em := m
+			em.Metadata.Compatibility.Talos.Version = "= " + r.Talos
+			exact := extensions.New(t.TempDir(), f.Name, em)
+			assert.ErrorContains(t, exact.Validate(extensions.WithValidateConstraints(), extensions.WithTalosVersion(&validator)), "can't be satisfied with Talos version 1.13.0-alpha.2",
+				"why the constraint is a range: siderolabs' validator")
+		})
 	}
 }
 

@@ -231,6 +231,65 @@ func TestBadBuildsFail(t *testing.T) {
 	}
 }
 
+// TestArm64ServiceContainer: the service's container as hack/stage-service-rootfs.sh stages
+// it on arm64 (the loader at /lib/ld-linux-aarch64.so.1, glibc in lib/aarch64-linux-gnu) is
+// valid, and one without its libc is not. The program is an aarch64 one from Debian's cross
+// compiler; nothing here runs it.
+func TestArm64ServiceContainer(t *testing.T) {
+	const glibc = "/usr/aarch64-linux-gnu/lib" // libc6-arm64-cross (hack/install-test-deps.sh)
+
+	if _, err := exec.LookPath("aarch64-linux-gnu-gcc"); err != nil {
+		t.Skip("needs aarch64-linux-gnu-gcc (hack/install-test-deps.sh installs it)")
+	}
+
+	for _, tc := range []struct {
+		name, without, want string
+	}{
+		{name: "as staged"},
+		{name: "without libc", without: "lib/aarch64-linux-gnu/libc.so.6", want: "nvidia-driver: needs libc.so.6"},
+		{name: "without the loader", without: "lib/ld-linux-aarch64.so.1", want: "its ELF interpreter /lib/ld-linux-aarch64.so.1 does not exist"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			o := built(t)
+			o.ServiceRootfs = testutil.CopyTree(t, o.ServiceRootfs)
+
+			for _, p := range []string{"lib64", "lib/x86_64-linux-gnu", "usr/bin/nvidia-driver"} {
+				require.NoError(t, os.RemoveAll(filepath.Join(o.ServiceRootfs, p)))
+			}
+
+			bin := filepath.Join(t.TempDir(), "nvidia-driver")
+			cc := exec.Command("aarch64-linux-gnu-gcc", "-x", "c", "-o", bin, "-")
+			cc.Stdin = strings.NewReader("int main(void) { return 0; }\n")
+			out, err := cc.CombinedOutput()
+			require.NoError(t, err, "%s", out)
+
+			for dst, src := range map[string]string{
+				"usr/bin/nvidia-driver":           bin,
+				"lib/ld-linux-aarch64.so.1":       filepath.Join(glibc, "ld-linux-aarch64.so.1"),
+				"lib/aarch64-linux-gnu/libc.so.6": filepath.Join(glibc, "libc.so.6"),
+			} {
+				if dst == tc.without {
+					continue
+				}
+
+				data, err := os.ReadFile(src)
+				require.NoError(t, err)
+				require.NoError(t, os.MkdirAll(filepath.Dir(filepath.Join(o.ServiceRootfs, dst)), 0o755))
+				require.NoError(t, os.WriteFile(filepath.Join(o.ServiceRootfs, dst), data, 0o755))
+			}
+
+			_, err = extension.Assemble(quiet(), o)
+			if tc.want == "" {
+				require.NoError(t, err)
+
+				return
+			}
+
+			assert.ErrorContains(t, err, tc.want)
+		})
+	}
+}
+
 func overlay(t *testing.T, rel string, mode os.FileMode) string {
 	t.Helper()
 

@@ -228,7 +228,9 @@ func checkProgram(root, path, where string, show func(string) string) []error {
 }
 
 // Library directories the glibc loader searches by default, plus its cache's usual ones.
-var defaultLibDirs = []string{"/lib64", "/usr/lib64", "/lib/x86_64-linux-gnu", "/usr/lib/x86_64-linux-gnu", "/lib", "/usr/lib"}
+var defaultLibDirs = []string{
+	"/lib64", "/usr/lib64", "/lib/x86_64-linux-gnu", "/usr/lib/x86_64-linux-gnu", "/lib/aarch64-linux-gnu", "/usr/lib/aarch64-linux-gnu", "/lib", "/usr/lib",
+}
 
 func missingLibs(root string, f *elf.File, name, where string) []error {
 	needed, err := f.ImportedLibraries()

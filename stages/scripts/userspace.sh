@@ -8,6 +8,7 @@
 #   userspace.sh prepare|install|fabricmanager|finish|test
 set -euo pipefail
 : "${SUBROOT:?SUBROOT is not set}" "${NVIDIA_DRIVER_VERSION:?NVIDIA_DRIVER_VERSION is not set}"
+: "${ARCH:?ARCH is not set}" "${GLIBC_LOADER:?GLIBC_LOADER is not set}"
 firmware=/rootfs/usr/lib/firmware/nvidia/${NVIDIA_DRIVER_VERSION}
 
 step_prepare() {
@@ -37,6 +38,12 @@ step_install() {
   cd assets
   touch /tmp/before-install
 
+  # Options that only the installer's x86_64 build has (option_table.h, #if
+  # defined(NV_X86_64)): its aarch64 build rejects them. siderolabs passes this one on
+  # x86_64 only (nvidia-gpu/nvidia-container-toolkit/nvidia-pkgs/<branch>/pkg.yaml).
+  local x86_64_opts=()
+  if [ "$ARCH" = x86_64 ]; then x86_64_opts=(--no-install-compat32-libs); fi
+
   # Every file type of the installer's MANIFEST table (manifest.c) that it would put
   # outside the prefixes below, by a path it hard-codes (files.c set_destinations), is
   # overridden into the subroot; EXPLICIT_PATH files (the MANIFEST's own absolute
@@ -44,7 +51,7 @@ step_install() {
   # internal/recipes (installer.go, TestInstallerFilesStayInTheSubroot) checks it type by type.
   # Every destination inside the subroot (usr/lib64: the library directory that the GPU
   # Operator validator, the device plugin and nvcdi all search), the firmware where the
-  # kernel loads it, no 32-bit libraries, nothing for X, systemd or a kernel build.
+  # kernel loads it, no 32-bit libraries (x86_64_opts), nothing for X, systemd or a kernel build.
   ./nvidia-installer --silent \
     --installer-prefix=${SUBROOT}/usr \
     --x-prefix=${SUBROOT}/usr \
@@ -69,7 +76,7 @@ step_install() {
     --override-file-type-destination=INTERNAL_UTILITY_DATA:${SUBROOT}/usr/lib/nvidia \
     --override-file-type-destination=SANDBOXUTILS_FILELIST_JSON:${SUBROOT}/usr/share/nvidia/files.d \
     --override-file-type-destination=EXPLICIT_PATH:${SUBROOT}/usr/share/nvidia/explicit-path \
-    --no-install-compat32-libs \
+    "${x86_64_opts[@]}" \
     --no-kernel-modules --no-kernel-module-source \
     --no-rpms --no-backup --no-distro-scripts --no-wine-files --no-systemd \
     --no-x-check --no-nouveau-check --no-check-for-alternate-installs \
@@ -124,7 +131,7 @@ step_test() {
   test -d ${firmware}
   # every program finds its libraries in the subroot, with the subroot's own loader
   for p in nvidia-smi nvidia-persistenced nv-fabricmanager; do
-    out=$(${SUBROOT}/lib64/ld-linux-x86-64.so.2 --library-path ${SUBROOT}/usr/lib64 --list ${SUBROOT}/usr/bin/$p)
+    out=$(${SUBROOT}/${GLIBC_LOADER} --library-path ${SUBROOT}/usr/lib64 --list ${SUBROOT}/usr/bin/$p)
     if grep -q 'not found' <<<"$out"; then echo "$p: $out"; exit 1; fi
   done
 }
