@@ -14,6 +14,8 @@ import (
 	"github.com/stretchr/testify/require"
 	corev1 "k8s.io/api/core/v1"
 	"sigs.k8s.io/yaml"
+
+	"github.com/talos-nvidia/nvidia-driver/internal/testutil"
 )
 
 var update = flag.Bool("update", false, "rewrite generated files (rendered chart, PrometheusRule) instead of comparing")
@@ -235,6 +237,7 @@ func TestDevicePluginReadinessScripts(t *testing.T) {
 		t.Fatalf("a process named nvidia-device-plugin already runs here: %s", out)
 	}
 	plugin := exec.Command(fake, "60")
+	testutil.DefaultSIGHUP(t)
 	require.NoError(t, plugin.Start())
 	pluginDone := make(chan error, 1)
 	go func() { pluginDone <- plugin.Wait() }()

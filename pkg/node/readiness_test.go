@@ -99,6 +99,7 @@ func watchPlugin(t *testing.T, host string, first []byte) (<-chan error, *testut
 	plugin := filepath.Join(t.TempDir(), pluginName)
 	require.NoError(t, os.WriteFile(plugin, data, 0o755))
 
+	testutil.DefaultSIGHUP(t)
 	pluginDone := startProcess(t, exec.Command(plugin, "600"))
 
 	watchOut := &testutil.SyncBuffer{}
