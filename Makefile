@@ -34,7 +34,7 @@ HOOK_PKG := github.com/NVIDIA/nvidia-container-toolkit/cmd/nvidia-cdi-hook
 SUBROOT := $(OUT)/subroot-debian
 SUBROOT_ARM64 := $(OUT)/subroot-debian-arm64
 
-.PHONY: all build binaries binaries-arm64 test-arm64 release-image subroot test lint demo deps clean e2e-tools e2e-gpu extension harness flavors
+.PHONY: all build binaries binaries-arm64 test-arm64 extension-arm64 release-image subroot test lint demo deps clean e2e-tools e2e-gpu extension harness flavors
 
 all: build
 
@@ -91,6 +91,30 @@ test-arm64: binaries-arm64 $(SUBROOT_ARM64)
 	$(ARM64_QEMU) $(OUT)/arm64/bin/nvidia-driver mig plan --gpu h100-80gb --select all-1g >/dev/null
 	$(ARM64_ENV) go test -count=1 -exec '$(ARM64_QEMU)' $(ARM64_CPU_TESTS)
 	$(ARM64_ENV) go test -count=1 -exec '$(ARM64_QEMU)' -run 'TestCheck|TestReport' ./pkg/driverroot
+	$(MAKE) extension-arm64
+	@# the service from its staged container: that container's loader and glibc (qemu -L roots them there)
+	qemu-aarch64-static -L $(ARM64_OUT)/containers/nvidia-driver $(ARM64_OUT)/containers/nvidia-driver/usr/bin/nvidia-driver \
+	  check-root $(ARM64_OUT)/extensions/nvidia-driver-dev-debian/rootfs/usr/local/glibc
+	@cfg=$$(tar -xOf $(ARM64_OUT)/extensions/nvidia-driver-dev-debian.tar manifest.json | sed -n 's/.*"Config":"\([^"]*\)".*/\1/p'); \
+	  tar -xOf $(ARM64_OUT)/extensions/nvidia-driver-dev-debian.tar "$$cfg" | grep -q '"architecture":"arm64"' || { echo "the arm64 extension's image is not linux/arm64"; exit 1; }
+	@out=$$($(OUT)/bin/extension -validate $(ARM64_OUT)/extensions/nvidia-driver-dev-debian 2>&1) && { echo "the amd64 validator accepted the arm64 extension"; exit 1; }; \
+	  echo "$$out" | grep -q 'an EM_AARCH64 file in an amd64 extension\|/usr/local/glibc/lib64/ld-linux-x86-64.so.2' || { echo "the amd64 validator refused the arm64 extension for another reason: $$out"; exit 1; }
+	@echo "test-arm64: PASS"
+
+# The arm64 development extension, in $(ARM64_OUT)/extensions: the arm64 service's container
+# (its glibc from Debian's libc6-arm64-cross, the sysroot it was linked against), hook and
+# ldconfig, the arm64 subroot, assembled and validated by the arm64 build of hack/extension
+# under qemu-user: Talos's own Load and Validate, and driverroot's checks as the arm64
+# service makes them. Its image archive's platform is linux/arm64.
+ARM64_OUT := $(OUT)/arm64
+extension-arm64: binaries-arm64 $(SUBROOT_ARM64)
+	STAGE_SYSROOT=/usr/aarch64-linux-gnu STAGE_RUN=qemu-aarch64-static STAGE_LDCONFIG="qemu-aarch64-static $(SUBROOT_ARM64)/sbin/ldconfig" \
+	  hack/stage-service-rootfs.sh $(ARM64_OUT)/bin/nvidia-driver $(ARM64_OUT)/containers/nvidia-driver
+	rm -rf $(ARM64_OUT)/containers/nvidia-fabricmanager
+	cp -a $(ARM64_OUT)/containers/nvidia-driver $(ARM64_OUT)/containers/nvidia-fabricmanager
+	install -m 0755 $(SUBROOT_ARM64)/sbin/ldconfig $(ARM64_OUT)/bin/ldconfig
+	GOARCH=arm64 CGO_ENABLED=0 go build -trimpath -ldflags '-s -w' -o $(ARM64_OUT)/bin/extension ./hack/extension
+	qemu-aarch64-static $(ARM64_OUT)/bin/extension -out $(ARM64_OUT) -payload $(SUBROOT_ARM64) $(EXTENSION_FLAGS) >/dev/null
 
 # The development subroot, from Debian's non-free packages (the tests' and the demo's fixture).
 subroot: $(SUBROOT)

@@ -4,7 +4,17 @@
 # missing or broken, so that it can say so: it cannot borrow the subroot's libc.
 #
 #   hack/stage-service-rootfs.sh BINARY OUTDIR
+#
+# A binary of another architecture (make extension-arm64) takes its glibc from a sysroot
+# and runs the target's programs under an emulator:
+#   STAGE_SYSROOT=/usr/aarch64-linux-gnu (Debian's libc6-arm64-cross: the glibc it was linked with)
+#   STAGE_RUN=qemu-aarch64-static        (runs the sysroot's loader for its --list)
+#   STAGE_LDCONFIG="qemu-aarch64-static SUBROOT/sbin/ldconfig" (the target's ldconfig: a cache's
+#                                        entries carry their architecture's flags)
 set -euo pipefail
+sysroot=${STAGE_SYSROOT:-}
+read -r -a run <<<"${STAGE_RUN:-}"
+read -r -a ldconfig <<<"${STAGE_LDCONFIG:-ldconfig}"
 bin=${1:?usage: stage-service-rootfs.sh BINARY OUTDIR}
 out=${2:?usage: stage-service-rootfs.sh BINARY OUTDIR}
 
@@ -33,11 +43,17 @@ interp=$(readelf -l "$bin" | sed -n 's/.*Requesting program interpreter: \(.*\)]
 [ -n "$interp" ] || { echo "stage-service-rootfs: $bin has no ELF interpreter" >&2; exit 1; }
 # at the path the binary asks for (/lib64/ld-linux-x86-64.so.2, /lib/ld-linux-aarch64.so.1)
 mkdir -p "$stage$(dirname "$interp")"
-cp -L "$interp" "$stage$interp"
+cp -L "$sysroot$interp" "$stage$interp"
 
 # Every library the binary needs, as the build machine's loader resolves it (the loader's
 # --list is what ldd runs; the release build installs no ldd).
-list() { "$interp" --list "$1"; }
+list() {
+  if [ -n "$sysroot" ]; then
+    "${run[@]}" "$sysroot$interp" --library-path "$sysroot/lib" --list "$1"
+  else
+    "$interp" --list "$1"
+  fi
+}
 list "$bin" | awk '/=> \//{print $3}' | while read -r lib; do
   cp -L "$lib" "$stage/lib/$multiarch/"
 done
@@ -49,7 +65,7 @@ for lib in libm.so.6 libdl.so.2 libpthread.so.0 librt.so.1 libresolv.so.2; do
   cp -L "$(dirname "$libc")/$lib" "$stage/lib/$multiarch/"
 done
 echo "/lib/$multiarch" >"$stage/etc/ld.so.conf"
-ldconfig -r "$stage"
+"${ldconfig[@]}" -r "$stage"
 chmod -R go-w "$stage"
 chmod 0755 "$stage"
 

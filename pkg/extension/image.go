@@ -11,10 +11,16 @@ import (
 )
 
 // WriteImage writes the extension directory dir (manifest.yaml and rootfs/) as a one-layer
-// linux/amd64 container image with the files at /, where Talos's imager looks for them, into the
-// image archive tarPath, tagged ref. It returns the image's digest.
+// container image with the files at /, where Talos's imager looks for them, into the image
+// archive tarPath, tagged ref. Its platform is linux/<the rootfs's Architecture>. It returns
+// the image's digest.
 func WriteImage(dir, tarPath, ref string) (v1.Hash, error) {
-	return ociimage.WriteDirImage(dir, tarPath, ref, v1.Config{})
+	arch, err := Architecture(filepath.Join(dir, "rootfs"))
+	if err != nil {
+		return v1.Hash{}, err
+	}
+
+	return ociimage.WriteDirImage(dir, tarPath, ref, arch, v1.Config{})
 }
 
 // Sizes are the byte counts of an extension's regular files.

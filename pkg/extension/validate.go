@@ -31,6 +31,7 @@ import (
 //   - every program run directly finds its ELF interpreter and libraries where it runs: the
 //     service entrypoint inside its container root filesystem, the programs in /usr/bin on
 //     the host (whose only glibc is the one the extension brings);
+//   - every ELF file but NVIDIA's GPU firmware is of the service binary's architecture;
 //   - /usr/bin/ldconfig is static (the CDI hook copies it into containers);
 //   - the glibc subroot passes driverroot.Check (check-root), as the builder's payload did:
 //     an image whose packing lost a piece (the empty dev/ mount point, say) is refused.
@@ -56,6 +57,7 @@ func Validate(dir, talosVersion string) error {
 	var errs []error
 
 	errs = append(errs, worldWritable(rootfs)...)
+	errs = append(errs, checkOneArchitecture(rootfs)...)
 	errs = append(errs, checkServices(rootfs)...)
 	errs = append(errs, checkHostPrograms(rootfs)...)
 	errs = append(errs, checkSubroot(rootfs)...)

@@ -23,12 +23,13 @@ import (
 // epoch is every file's time in the image, so that the same files give the same digest.
 var epoch = time.Unix(0, 0).UTC()
 
-// WriteDirImage writes dir's files as a one-layer linux/amd64 container image with the files at
-// /, its runtime config (entrypoint, environment) set to run, into the image archive tarPath
+// WriteDirImage writes dir's files as a one-layer linux/<arch> container image (arch: a Go
+// GOARCH, amd64 or arm64, as OCI's platform names it) with the files at /, its runtime config
+// (entrypoint, environment) set to run, into the image archive tarPath
 // (the format `crane push`, `ctr images import` and go-containerregistry's tarball package
 // read), tagged ref. Files are sorted, owned by root, with fixed times, so the same files give
 // the same digest, which it returns.
-func WriteDirImage(dir, tarPath, ref string, run v1.Config) (v1.Hash, error) {
+func WriteDirImage(dir, tarPath, ref, arch string, run v1.Config) (v1.Hash, error) {
 	tag, err := name.NewTag(ref)
 	if err != nil {
 		return v1.Hash{}, fmt.Errorf("image reference %q: %w", ref, err)
@@ -61,7 +62,7 @@ func WriteDirImage(dir, tarPath, ref string, run v1.Config) (v1.Hash, error) {
 	}
 
 	cfg = cfg.DeepCopy()
-	cfg.OS, cfg.Architecture = "linux", "amd64"
+	cfg.OS, cfg.Architecture = "linux", arch
 	cfg.Created = v1.Time{Time: epoch}
 	cfg.Config = run
 

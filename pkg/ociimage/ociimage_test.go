@@ -32,7 +32,7 @@ func TestWriteDirImage(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			out := filepath.Join(t.TempDir(), "image.tar")
-			digest, err := ociimage.WriteDirImage(dir, out, tt.ref, run)
+			digest, err := ociimage.WriteDirImage(dir, out, tt.ref, "arm64", run)
 			if tt.wantErr {
 				require.Error(t, err)
 				assert.NoFileExists(t, out)
@@ -52,7 +52,7 @@ func TestWriteDirImage(t *testing.T) {
 			assert.Equal(t, run.Entrypoint, cfg.Config.Entrypoint)
 			assert.Equal(t, run.Env, cfg.Config.Env)
 			assert.Equal(t, "linux", cfg.OS)
-			assert.Equal(t, "amd64", cfg.Architecture)
+			assert.Equal(t, "arm64", cfg.Architecture)
 
 			layers, err := img.Layers()
 			require.NoError(t, err)
@@ -77,7 +77,7 @@ func TestWriteDirImage(t *testing.T) {
 			assert.Equal(t, "usr/bin/tool", files["tool"].Linkname)
 
 			// The same files give the same image.
-			again, err := ociimage.WriteDirImage(dir, filepath.Join(t.TempDir(), "again.tar"), tt.ref, run)
+			again, err := ociimage.WriteDirImage(dir, filepath.Join(t.TempDir(), "again.tar"), tt.ref, "arm64", run)
 			require.NoError(t, err)
 			assert.Equal(t, digest, again)
 		})

@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"runtime"
 	"strings"
 
 	v1 "github.com/google/go-containerregistry/pkg/v1"
@@ -63,7 +64,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 
 	cfg := v1.Config{Env: env, Entrypoint: strings.Fields(*entrypoint)}
 
-	digest, err := ociimage.WriteDirImage(*rootfs, *out, *ref, cfg)
+	digest, err := ociimage.WriteDirImage(*rootfs, *out, *ref, runtime.GOARCH, cfg)
 	if err != nil {
 		fmt.Fprintln(stderr, "image:", err)
 
