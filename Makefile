@@ -91,6 +91,7 @@ test-arm64: binaries-arm64 $(SUBROOT_ARM64)
 	$(ARM64_QEMU) $(OUT)/arm64/bin/nvidia-driver mig plan --gpu h100-80gb --select all-1g >/dev/null
 	$(ARM64_ENV) go test -count=1 -exec '$(ARM64_QEMU)' $(ARM64_CPU_TESTS)
 	$(ARM64_ENV) go test -count=1 -exec '$(ARM64_QEMU)' -run 'TestCheck|TestReport' ./pkg/driverroot
+	$(ARM64_ENV) go test -count=1 -exec '$(ARM64_QEMU)' -run 'TestArchLoaderIsTheServices' ./internal/recipes
 	$(MAKE) extension-arm64
 	@# the service from its staged container: that container's loader and glibc (qemu -L roots them there)
 	qemu-aarch64-static -L $(ARM64_OUT)/containers/nvidia-driver $(ARM64_OUT)/containers/nvidia-driver/usr/bin/nvidia-driver \
