@@ -1,19 +1,23 @@
 # nvidia-driver for Talos Linux.
 #
 #   make build   the service (for this machine and for the extension), the CDI hook, a static ldconfig
-#   make test    everything CI runs (installs what the tests need first)
 #   make demo    the service against a simulated GPU node, in a private mount namespace
 #   make lint    gofmt and go vet
 #   make extension  the development extension image (_out/extensions/), validated with Talos's code
 #   make harness    run that image's service as Talos does, with runc, and print what the host saw
 #   make flavors    re-render the generated release recipes (vars.yaml, flavors/, stages/nvidia-userspace-*)
 #   make release-image  one flavor's release image with docker buildx and bldr (FLAVOR, TALOS_VERSION, IMAGE)
-#   make test-k8s-node  deploy/ on a real one-node Kubernetes cluster (hack/k8s-node), no GPU; part of make test
-#   make test-k8s-sim   the same node with 8 simulated GPUs (hack/simnvml) and NVIDIA's device plugin; part of make test
-#   make test-talos-node  the extension on a real Talos v1.13.9 node (hack/talos-node), no GPU:
-#                       documents, a reboot, Kubernetes and deploy/, then the controls (source:
-#                       tmpfs, a depends, a service exiting on a bad document); part of make test
-#   make talos-node     the same checks without the controls
+#
+# The test tiers (docs/development.md says what each proves and how long it takes):
+#   make check    the fast loop: gofmt, vet and the unit tests (-short) of every module
+#   make test     what CI runs (installs what the tests need first): every module's tests in
+#                 full, the real Kubernetes node (test-k8s-node), the simulated GPU node
+#                 (test-k8s-sim), the real Talos node's document and reboot checks (test-talos-node)
+#   make test-talos-k8s       Kubernetes and deploy/ on the real Talos node
+#   make test-talos-controls  the Talos node's three controls, each on its own boot
+#   make test-arm64           the arm64 service, subroot and extension under qemu-user
+#   make test-all             test and the three above
+#   make e2e-gpu, hack/k8s-node/gpu-run.sh ...   on a host with an NVIDIA GPU (README)
 
 SHELL := /bin/bash
 OUT ?= _out
@@ -26,6 +30,9 @@ GLIBC_LOADER ?= lib64/ld-linux-x86-64.so.2
 VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 
 export CGO_ENABLED := 1
+# -trimpath everywhere, in builds and tests: it is part of Go's build-cache key, so a package
+# that make build compiled is a cache hit for go test, the test binaries and the scripts.
+export GOFLAGS := -trimpath
 # go-nvml's header marks some calls deprecated; the warnings are noise.
 export CGO_CFLAGS := -O2 -Wno-deprecated-declarations
 
@@ -34,7 +41,7 @@ HOOK_PKG := github.com/NVIDIA/nvidia-container-toolkit/cmd/nvidia-cdi-hook
 SUBROOT := $(OUT)/subroot-debian
 SUBROOT_ARM64 := $(OUT)/subroot-debian-arm64
 
-.PHONY: all build binaries binaries-arm64 test-arm64 extension-arm64 release-image subroot test lint demo deps clean e2e-tools e2e-gpu extension harness flavors
+.PHONY: all check test-all build binaries binaries-arm64 test-arm64 extension-arm64 release-image subroot test lint demo deps clean e2e-tools e2e-gpu extension harness flavors
 
 all: build
 
@@ -134,14 +141,30 @@ deps:
 # versions, and the e2e's pod-to-OCI translation): vetted and tested from its directory.
 # hack/talos114 too: the product's validators built with Talos 1.14's machinery (the
 # product's go.mod stays on 1.13's).
+TEST_MODULES := . hack/consumers hack/talos114
+
+# The fast loop: no upstream program built, no node booted.
+check: lint
+	for m in $(TEST_MODULES); do (cd $$m && go test -short -count=1 ./...) || exit 1; done
+
+# The Talos node's programs (machined alone takes most of an hour cold on a 2-core machine)
+# build at nice 19 while the tests before the node run, on the CPU those tests leave idle
+# while they wait on their containers and nodes; the node's checks wait for that build. The
+# node runtime (containerd, runc) is built first, in the foreground: the tests' runc is its.
+BG := $(OUT)/test-background
 test: deps build lint
-	go test -count=1 ./...
-	cd hack/consumers && go test -count=1 ./...
-	cd hack/talos114 && go test -count=1 ./...
-	$(MAKE) test-arm64
+	hack/k8s-node/build.sh $(OUT)/k8s-node runtime
+	rm -rf $(BG) && mkdir -p $(BG)
+	{ nice -n 19 $(MAKE) --no-print-directory talos-node-build TALOS_NODE_KUBERNETES=0 >$(BG)/talos-node-build.log 2>&1; \
+	  echo $$? >$(BG)/talos-node-build.rc; } &
+	for m in $(TEST_MODULES); do (cd $$m && go test -count=1 ./...) || exit 1; done
 	$(MAKE) test-k8s-node
 	$(MAKE) test-k8s-sim
+	@echo "make test: waiting for the Talos node's build ($(BG)/talos-node-build.log)"
+	@while [ ! -e $(BG)/talos-node-build.rc ]; do sleep 5; done; cat $(BG)/talos-node-build.log; exit $$(cat $(BG)/talos-node-build.rc)
 	$(MAKE) test-talos-node
+
+test-all: test test-talos-k8s test-talos-controls test-arm64
 
 lint:
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt would change:"; echo "$$out"; exit 1; fi

@@ -10,7 +10,7 @@
 # nvidia-persistenced with --no-persistence-mode).
 #
 # Needs _out/ built elsewhere: bin/{harness,extension,nvidia-cdi-hook,ldconfig,cdi-e2e},
-# containers/nvidia-driver, talos-runc/runc (hack/carry-restarts.sh packs them).
+# containers/nvidia-driver, k8s-node/bin/runc (hack/k8s-node/build.sh _out/k8s-node runtime builds it).
 #
 #   hack/e2e-restarts.sh [DRIVER_TREE] [SECONDS]    (default /usr/local/nvidia 60)
 set -uo pipefail
@@ -22,7 +22,7 @@ mkdir -p "$out"
 echo "== modes before: $(nvidia-smi --query-gpu=persistence_mode,mig.mode.current --format=csv,noheader | tr '\n' ' ')"
 LDCONFIG=_out/bin/ldconfig hack/build-subroot.sh host _out/subroot-host "$tree" || exit 1
 _out/bin/extension -out _out -name nvidia-driver-dev-host -payload _out/subroot-host >/dev/null || exit 1
-PATH=$PWD/_out/talos-runc:$PATH _out/bin/harness -json -runc "$PWD/_out/talos-runc/runc" \
+PATH=$PWD/_out/k8s-node/bin:$PATH _out/bin/harness -json -runc "$PWD/_out/k8s-node/bin/runc" \
   -extension _out/extensions/nvidia-driver-dev-host \
   -env NVIDIA_DRIVER_PERSISTENCE_MODE=false -env NVIDIA_DRIVER_LOG_LEVEL=info \
   -until ready -wait 120s -hold 1s -changes 3 -change-every $((secs / 5))s \

@@ -1,13 +1,15 @@
 # A real Talos v1.13.9 node (machined and talosctl from Talos's Go module) running the
 # extension, in container mode inside a qemu guest (hack/talos-node, docs/talos-node.md). The
-# top-level Makefile includes this file. make test runs test-talos-node: the node's checks,
-# Kubernetes included, and the three controls; docs/talos-node.md gives the times.
+# top-level Makefile includes this file. make test runs test-talos-node (the document and
+# reboot checks); Kubernetes on the node and the three controls each boot the node again and
+# are their own targets (test-talos-k8s, test-talos-controls); docs/talos-node.md gives the times.
 
-.PHONY: talos-node-build talos-node talos-node-control test-talos-node
+.PHONY: talos-node-build talos-node test-talos-node test-talos-k8s talos-node-control test-talos-controls
 
 TALOS_NODE_EXTENSION ?= $(OUT)/extensions/nvidia-driver-dev-debian
 
-# machined, talosctl, containerd, runc, the CNI plugins, the node's rootfs and the guest.
+# machined, talosctl, the node runtime (from hack/k8s-node/build.sh), the node's rootfs and
+# the guest; the registry too unless TALOS_NODE_KUBERNETES=0.
 talos-node-build:
 	hack/install-talos-node-deps.sh
 	hack/talos-node/build.sh
@@ -17,10 +19,20 @@ talos-node-build:
 talos-node: extension talos-node-build k8s-node
 	hack/talos-node/test.sh $(TALOS_NODE_EXTENSION) $(OUT)/talos-node/run
 
-# What make test runs: the checks, then the controls, each of which passes only when the
-# checks fail on its defect (hack/talos-node/control.sh).
+# What make test runs: boot with no document and no module, a first, a changed, a removed and
+# a bad document, a reboot; no Kubernetes (no registry, no bootstrap).
+test-talos-node: export TALOS_NODE_KUBERNETES := 0
+test-talos-node: extension talos-node-build
+	hack/talos-node/test.sh $(TALOS_NODE_EXTENSION) $(OUT)/talos-node/run
+
+# The same checks with Kubernetes and deploy/ on the node (bootstrap, the node Ready with the
+# patch's label and taint, deploy/'s DaemonSets scheduled, the plugin held by its wait).
+test-talos-k8s: talos-node
+
+# The controls, each of which passes only when the checks fail on its defect
+# (hack/talos-node/control.sh).
 TALOS_NODE_CONTROLS ?= tmpfs depends exit
-test-talos-node: talos-node
+test-talos-controls: extension talos-node-build
 	for c in $(TALOS_NODE_CONTROLS); do \
 		TALOS_NODE_CONTROL=$$c hack/talos-node/control.sh $(TALOS_NODE_EXTENSION) $(OUT)/talos-node/control-$$c || exit 1; \
 	done

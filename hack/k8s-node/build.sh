@@ -9,13 +9,20 @@
 #                     RuntimeDefault seccomp profile)
 #   base-spec.json    Talos's CRI base runtime spec for this platform (see runtime/base-spec)
 #   bin/node-setup    the node's network namespace and certificates (see runtime/node-setup)
-#   cni/bridge, cni/host-local, cni/loopback   the CNI plugins the test node uses
+#   cni/bridge, cni/host-local, cni/loopback, cni/firewall, cni/portmap
+#                     the CNI plugins (the test node uses the first three; the Talos node's
+#                     rootfs carries all five, as Talos's does)
+# This is the one home of the node runtime: the Talos node (hack/talos-node/build.sh) and the
+# tests' runc (internal/testutil.TalosRunc) take these programs from here.
+# PARTS (after OUT): kube, runtime or both (the default).
 # Rebuilds a module's programs only when its go.mod, go.sum, sources or this script changed. Needs gcc and
 # libseccomp-dev (the static runc), which hack/install-test-deps.sh installs.
 set -euo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
 out=${1:-$here/../../_out/k8s-node}
+shift || true
+parts=" ${*:-kube runtime} "
 mkdir -p "$out"
 out=$(cd "$out" && pwd)
 exec 9>"$out/.lock"
@@ -28,7 +35,7 @@ runtime_stamp=$(stamp "$here"/runtime/go.{mod,sum} "$here"/runtime/*/*.go)
 mkdir -p "$out/bin" "$out/cni"
 start=$SECONDS
 
-if [[ "$(cat "$out/.stamp-kube" 2>/dev/null)" != "$kube_stamp" ]]; then
+if [[ $parts == *" kube "* && "$(cat "$out/.stamp-kube" 2>/dev/null)" != "$kube_stamp" ]]; then
 	k8s_version=$(cd "$here/kube" && go list -m -f '{{.Version}}' k8s.io/kubernetes)
 	k8s_minor=${k8s_version#v*.}
 	k8s_minor=${k8s_minor%%.*}
@@ -45,7 +52,7 @@ if [[ "$(cat "$out/.stamp-kube" 2>/dev/null)" != "$kube_stamp" ]]; then
 	echo "$kube_stamp" >"$out/.stamp-kube"
 fi
 
-if [[ "$(cat "$out/.stamp-runtime" 2>/dev/null)" != "$runtime_stamp" ]]; then
+if [[ $parts == *" runtime "* && "$(cat "$out/.stamp-runtime" 2>/dev/null)" != "$runtime_stamp" ]]; then
 	cd "$here/runtime"
 	containerd_version=$(go list -m -f '{{.Version}}' github.com/containerd/containerd/v2)
 	runc_version=$(go list -m -f '{{.Version}}' github.com/opencontainers/runc)
@@ -63,7 +70,9 @@ if [[ "$(cat "$out/.stamp-runtime" 2>/dev/null)" != "$runtime_stamp" ]]; then
 	CGO_ENABLED=0 go build -trimpath -o "$out/cni/" -ldflags "-s -w" \
 		github.com/containernetworking/plugins/plugins/main/bridge \
 		github.com/containernetworking/plugins/plugins/ipam/host-local \
-		github.com/containernetworking/plugins/plugins/main/loopback
+		github.com/containernetworking/plugins/plugins/main/loopback \
+		github.com/containernetworking/plugins/plugins/meta/firewall \
+		github.com/containernetworking/plugins/plugins/meta/portmap
 	CGO_ENABLED=0 go build -trimpath -o "$out/bin/" -ldflags "-s -w" ./node-setup
 	# The base spec depends on the platform only: made here, so the node needs no extra program.
 	go run ./base-spec >"$out/base-spec.json"

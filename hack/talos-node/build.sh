@@ -38,38 +38,30 @@ if [[ "$(cat "$out/.stamp-talos" 2>/dev/null)" != "$talos_stamp" ]]; then
 	(cd "$here" && CGO_ENABLED=0 GOAMD64=v2 go build -trimpath -tags tcell_minimal,grpcnotrace \
 		-ldflags '-s -w -X golang.zx2c4.com/wireguard/ipc.socketDirectory=/system/wireguard-sock' \
 		-o "$out/bin/machined" github.com/siderolabs/talos/internal/app/machined)
-	(cd "$here" && CGO_ENABLED=0 go build -trimpath -tags grpcnotrace -ldflags '-s -w' \
+	# talosctl with machined's GOAMD64 (not Talos's Makefile's): GOAMD64 is in every package's
+	# build-cache key, so the packages the two share are compiled once.
+	(cd "$here" && CGO_ENABLED=0 GOAMD64=v2 go build -trimpath -tags grpcnotrace -ldflags '-s -w' \
 		-o "$out/bin/talosctl" github.com/siderolabs/talos/cmd/talosctl)
 	echo "talos-node: machined and talosctl built in $((SECONDS - t)) s" >&2
 	echo "$talos_stamp" >"$out/.stamp-talos"
 fi
 
-runtime_stamp=$(stamp "$here"/runtime/go.{mod,sum})
+# containerd, its shim, runc and the CNI plugins at Talos v1.13.9's pins: built once, by
+# hack/k8s-node/build.sh (their one home), and copied from there.
+k8s_out=${K8S_NODE_OUT:-$here/../../_out/k8s-node}
+"$here/../k8s-node/build.sh" "$k8s_out" runtime
+k8s_out=$(cd "$k8s_out" && pwd)
+runtime_stamp=$(cat "$k8s_out/.stamp-runtime")
 if [[ "$(cat "$out/.stamp-runtime" 2>/dev/null)" != "$runtime_stamp" ]]; then
-	cd "$here/runtime"
-	containerd_version=$(go list -m -f '{{.Version}}' github.com/containerd/containerd/v2)
-	echo "talos-node: building containerd $containerd_version, its shim, runc and CNI plugins" >&2
 	mkdir -p "$out/bin/cni"
-	CGO_ENABLED=0 go build -trimpath -tags "no_btrfs urfave_cli_no_docs" -o "$out/bin/" \
-		-ldflags "-s -w -X github.com/containerd/containerd/v2/version.Version=${containerd_version#v}" \
-		github.com/containerd/containerd/v2/cmd/containerd \
-		github.com/containerd/containerd/v2/cmd/containerd-shim-runc-v2
-	# runc's Makefile "static" target: cgo (nsenter), seccomp, static PIE.
-	CGO_ENABLED=1 go build -trimpath -buildmode=pie -tags "seccomp urfave_cli_no_docs netgo osusergo" \
-		-o "$out/bin/runc" -ldflags "-s -w -linkmode external -extldflags -static-pie" \
-		github.com/opencontainers/runc
-	CGO_ENABLED=0 go build -trimpath -o "$out/bin/cni/" -ldflags "-s -w" \
-		github.com/containernetworking/plugins/plugins/main/bridge \
-		github.com/containernetworking/plugins/plugins/main/loopback \
-		github.com/containernetworking/plugins/plugins/ipam/host-local \
-		github.com/containernetworking/plugins/plugins/meta/firewall \
-		github.com/containernetworking/plugins/plugins/meta/portmap
-	cd - >/dev/null
+	install -m 0755 "$k8s_out"/bin/{containerd,containerd-shim-runc-v2,runc} "$out/bin/"
+	install -m 0755 "$k8s_out"/cni/{bridge,loopback,host-local,firewall,portmap} "$out/bin/cni/"
 	echo "$runtime_stamp" >"$out/.stamp-runtime"
 fi
 
+# The registry and crane serve the images of the Kubernetes checks only.
 registry_stamp=$(stamp "$here"/registry/go.{mod,sum})
-if [[ "$(cat "$out/.stamp-registry" 2>/dev/null)" != "$registry_stamp" ]]; then
+if [[ ${TALOS_NODE_KUBERNETES:-1} != 0 && "$(cat "$out/.stamp-registry" 2>/dev/null)" != "$registry_stamp" ]]; then
 	echo "talos-node: building the image registry and crane" >&2
 	(cd "$here/registry" && CGO_ENABLED=0 go build -trimpath -ldflags "-s -w" -o "$out/bin/" \
 		github.com/distribution/distribution/v3/cmd/registry \

@@ -18,17 +18,34 @@ import (
 	"github.com/talos-nvidia/nvidia-driver/pkg/gpu/sim"
 )
 
-// RepoRoot returns the repository's top directory.
+// RepoRoot returns the repository's top directory: the nearest directory above the test's
+// working directory (its package's) whose go.mod is the project's. The source path that
+// runtime.Caller reports cannot be used: make builds everything with -trimpath.
 func RepoRoot(t testing.TB) string {
 	t.Helper()
 
-	_, file, _, ok := runtime.Caller(0)
-	if !ok {
-		t.Fatal("cannot locate the repository")
+	dir, err := os.Getwd()
+	if err != nil {
+		t.Fatalf("locating the repository: %v", err)
 	}
 
-	return filepath.Clean(filepath.Join(filepath.Dir(file), "..", ".."))
+	for {
+		if mod, err := os.ReadFile(filepath.Join(dir, "go.mod")); err == nil &&
+			strings.HasPrefix(string(mod), "module "+projectModule+"\n") {
+			return dir
+		}
+
+		parent := filepath.Dir(dir)
+		if parent == dir {
+			t.Fatalf("no go.mod of %s above the test's directory", projectModule)
+		}
+
+		dir = parent
+	}
 }
+
+// projectModule is the product's module path, the first line of the top go.mod.
+const projectModule = "github.com/talos-nvidia/nvidia-driver"
 
 // RequireRoot skips a test that needs root, except in CI, where it fails: CI runs as root
 // and a skipped test there would hide a broken setup.
@@ -115,7 +132,8 @@ func buildService(t testing.TB, name string, flags ...string) string {
 	path := filepath.Join(top, "_out", "test", name)
 
 	withLock(t, filepath.Join(top, "_out", ".build.lock"), func() {
-		args := append(append([]string{"build"}, flags...), "-o", path, "./service")
+		// -trimpath as make builds the service, so the two builds share Go's cache.
+		args := append(append([]string{"build", "-trimpath"}, flags...), "-o", path, "./service")
 		cmd := exec.Command("go", args...)
 		cmd.Dir = top
 		cmd.Env = append(os.Environ(), "CGO_CFLAGS=-O2 -Wno-deprecated-declarations")
@@ -217,42 +235,25 @@ func (s *SyncBuffer) String() string {
 }
 
 // TalosRunc returns runc at the version Talos v1.13 ships (siderolabs/pkgs pins 1.4.x; the
-// module hack/k8s-node/runtime pins 1.4.3), built once into _out/talos-runc with the flags
-// of hack/k8s-node/build.sh. Debian's runc (1.1.5) is not a stand-in: it signals every
-// process of a container on `kill --all`, which runc 1.2 and later no longer do.
+// module hack/k8s-node/runtime pins 1.4.3), as hack/k8s-node/build.sh builds it for both
+// test nodes: one build for all of them. Debian's runc (1.1.5) is not a stand-in: it
+// signals every process of a container on `kill --all`, which runc 1.2 and later no
+// longer do.
 func TalosRunc(t testing.TB) string {
 	t.Helper()
 
 	top := RepoRoot(t)
-	bin := filepath.Join(top, "_out", "talos-runc", "runc")
-	mod := filepath.Join(top, "hack", "k8s-node", "runtime")
+	out := filepath.Join(top, "_out", "k8s-node")
 
-	withLock(t, filepath.Join(top, "_out", ".talos-runc.lock"), func() {
-		if _, err := os.Stat(bin); err == nil && newerThan(bin, filepath.Join(mod, "go.mod")) {
-			return
+	// build.sh locks its output and rebuilds only what its stamps say changed.
+	cmd := exec.Command(filepath.Join(top, "hack", "k8s-node", "build.sh"), out, "runtime")
+	if msg, err := cmd.CombinedOutput(); err != nil {
+		if os.Getenv("CI") != "" {
+			t.Fatalf("building runc 1.4 (hack/install-test-deps.sh installs libseccomp-dev): %v\n%s", err, msg)
 		}
 
-		cmd := exec.Command("go", "build", "-trimpath", "-buildmode=pie", "-tags", "seccomp urfave_cli_no_docs netgo osusergo",
-			"-o", bin, "-ldflags", "-s -w -linkmode external -extldflags -static-pie", "github.com/opencontainers/runc")
-		cmd.Dir = mod
-		cmd.Env = append(os.Environ(), "CGO_ENABLED=1")
+		t.Skipf("cannot build runc 1.4 (hack/install-test-deps.sh installs libseccomp-dev): %v\n%s", err, msg)
+	}
 
-		if out, err := cmd.CombinedOutput(); err != nil {
-			if os.Getenv("CI") != "" {
-				t.Fatalf("building runc 1.4 (hack/install-test-deps.sh installs libseccomp-dev): %v\n%s", err, out)
-			}
-
-			t.Skipf("cannot build runc 1.4 (hack/install-test-deps.sh installs libseccomp-dev): %v\n%s", err, out)
-		}
-	})
-
-	return bin
-}
-
-// newerThan reports whether path was modified after ref.
-func newerThan(path, ref string) bool {
-	a, errA := os.Stat(path)
-	b, errB := os.Stat(ref)
-
-	return errA == nil && errB == nil && a.ModTime().After(b.ModTime())
+	return filepath.Join(out, "bin", "runc")
 }
