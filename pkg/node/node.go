@@ -345,11 +345,11 @@ func (r *Runner) setUp() {
 // devices) or the failure.
 func (r *Runner) cdiCondition() Condition {
 	c := Condition{Name: ConditionCDI}
-
-	switch {
-	case r.cdiProblem == nil:
+	if r.cdiProblem == nil {
 		return c
-	case !errors.Is(r.cdiProblem, cdi.ErrNoDevices):
+	}
+
+	if !errors.Is(r.cdiProblem, cdi.ErrNoDevices) {
 		c.Problem = r.cdiProblem.Error()
 
 		return c
