@@ -41,13 +41,9 @@ type Fabric struct {
 }
 
 // fabricJob is the runner's NVSwitch job: the watch that keeps the status current after
-// bring-up, and the node's message once up, to which the fabric is added.
+// bring-up.
 type fabricJob struct {
 	watchDone chan struct{}
-	// readyPhase and readyMsg are the node's phase and message without the fabric (ready, or
-	// degraded by the MIG layout), which the fabric's state is laid over as it changes.
-	readyPhase string
-	readyMsg   string
 }
 
 // bringUpFabric runs the NVSwitch job: on a board with NVSwitches it shows the fabric
@@ -256,19 +252,22 @@ func (r *Runner) setFabric(st *Fabric) {
 	r.status.update(func(s *Status) { s.Fabric = &cp }) //nolint:errcheck // reported by report()
 }
 
-// fabricPhase turns a ready node into a degraded one when its fabric is not complete, and
-// adds the fabric to the message.
-func (r *Runner) fabricPhase(phase, msg string) (string, string) {
+// fabricCondition is the NVLink fabric of a node that is up: a problem while it is not
+// complete, its registration said once it is; nothing on a board without NVSwitches.
+func (r *Runner) fabricCondition() Condition {
+	c := Condition{Name: ConditionFabric}
+
 	st := r.status.get().Fabric
-	if st == nil {
-		return phase, msg
+
+	switch {
+	case st == nil:
+	case st.State != FabricRegistered:
+		c.Problem = fmt.Sprintf("NVLink fabric %s: %s", st.State, st.Message)
+	default:
+		c.Note = "NVLink fabric: " + st.Message
 	}
 
-	if st.State != FabricRegistered {
-		return PhaseDegraded, fmt.Sprintf("%s; NVLink fabric %s: %s", strings.Replace(msg, "node ready", "node degraded", 1), st.State, st.Message)
-	}
-
-	return phase, fmt.Sprintf("%s, NVLink fabric: %s", msg, st.Message)
+	return c
 }
 
 // fabricPoll is how often the watch reads the fabric manager's status file (a small file on

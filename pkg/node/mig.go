@@ -89,21 +89,20 @@ func (r *Runner) migNodeState() string {
 	return migState(r.status.get().MIG)
 }
 
-// migPhase is the phase and message of a node that is up, with its MIG layout's outcome:
-// degraded when the layout, or a GPU of it, failed.
-func (r *Runner) migPhase(phase, msg string) (string, string) {
+// migCondition is the MIG layout's outcome on a node that is up: a problem when the layout,
+// or a GPU of it, failed; otherwise the layout's state, said; nothing without a layout.
+func (r *Runner) migCondition() Condition {
+	c := Condition{Name: ConditionMIG}
 	state := r.migNodeState()
 
 	switch {
 	case r.migProblem != nil:
-		return PhaseDegraded, fmt.Sprintf("%s; MIG layout %q not applied, the GPUs are served as they are: %v",
-			strings.Replace(msg, "node ready", "node degraded", 1), r.cfg.MIGLayout, r.migProblem)
-	case state == "":
-		return phase, msg
+		c.Problem = fmt.Sprintf("MIG layout %q not applied, the GPUs are served as they are: %v", r.cfg.MIGLayout, r.migProblem)
 	case state == string(mig.ResultFailed):
-		phase = PhaseDegraded
-		msg = strings.Replace(msg, "node ready", "node degraded", 1)
+		c.Problem = fmt.Sprintf("MIG layout %q: %s%s", r.cfg.MIGLayout, state, migDetail(r.status.get().MIG))
+	case state != "":
+		c.Note = fmt.Sprintf("MIG layout %q: %s%s", r.cfg.MIGLayout, state, migDetail(r.status.get().MIG))
 	}
 
-	return phase, fmt.Sprintf("%s, MIG layout %q: %s%s", msg, r.cfg.MIGLayout, state, migDetail(r.status.get().MIG))
+	return c
 }

@@ -11,6 +11,7 @@ import (
 	"maps"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -55,8 +56,12 @@ type Runner struct {
 	fabric          fabricJob     // the NVSwitch job (fabric.go)
 
 	// upMu serializes the reports of a node that is up (reportUp): the fabric's and
-	// persistenced's watchers both make them.
+	// persistenced's watchers both make them. It guards up.
 	upMu sync.Mutex
+	// up is what the status of the node, once up, derives from (conditions.go): its GPUs and
+	// the MIG and CDI conditions as setUp last found them. The fabric's and persistenced's,
+	// which change under their watchers, are read at each reportUp.
+	up Up
 	// migProblem is why the configured MIG layout cannot be applied (mig.go); the node then
 	// serves its GPUs as they are.
 	migProblem error
@@ -319,30 +324,35 @@ func (r *Runner) writeCDI(ctx context.Context, wait bool) error {
 }
 
 // setUp reports the node up, with its MIG layout's outcome and what its CDI spec lacks; the
-// fabric's and persistenced's states are laid over it (reportUp).
+// fabric's and persistenced's conditions are added at each report (reportUp).
 func (r *Runner) setUp() {
 	st := r.status.get()
-	phase, msg := r.cdiPhase(r.migPhase(PhaseReady, fmt.Sprintf("node ready: %d GPU(s), driver %s", len(st.GPUs), st.DriverVersion)))
+	up := Up{
+		GPUs:          len(st.GPUs),
+		DriverVersion: st.DriverVersion,
+		Conditions:    []Condition{r.migCondition(), r.cdiCondition()},
+	}
 
 	r.upMu.Lock()
-	r.fabric.readyPhase, r.fabric.readyMsg = phase, msg
+	r.up = up
 	r.upMu.Unlock()
 
 	r.reportUp()
 }
 
-// cdiPhase turns an up node degraded while its last CDI spec was not written, and says why:
-// no device to serve (naming the GPUs in MIG mode without instances, and what gives them
+// cdiCondition is a problem while the node's last CDI spec was not written, saying why: no
+// device to serve (naming the GPUs in MIG mode without instances, and what gives them
 // devices) or the failure.
-func (r *Runner) cdiPhase(phase, msg string) (string, string) {
+func (r *Runner) cdiCondition() Condition {
+	c := Condition{Name: ConditionCDI}
 	if r.cdiProblem == nil {
-		return phase, msg
+		return c
 	}
 
-	msg = strings.Replace(msg, "node ready", "node degraded", 1)
-
 	if !errors.Is(r.cdiProblem, cdi.ErrNoDevices) {
-		return PhaseDegraded, msg + "; " + r.cdiProblem.Error()
+		c.Problem = r.cdiProblem.Error()
+
+		return c
 	}
 
 	var bare []string
@@ -358,8 +368,10 @@ func (r *Runner) cdiPhase(phase, msg string) (string, string) {
 		why = fmt.Sprintf("GPU %s in MIG mode without MIG instances", strings.Join(bare, ","))
 	}
 
-	return PhaseDegraded, fmt.Sprintf("%s; no device to serve: %s, so the CDI spec %s is not written and the device plugin advertises none; "+
-		"create instances in the MIG layout, or leave a GPU out of MIG mode", msg, why, r.cfg.Host(r.cfg.CDISpec))
+	c.Problem = fmt.Sprintf("no device to serve: %s, so the CDI spec %s is not written and the device plugin advertises none; "+
+		"create instances in the MIG layout, or leave a GPU out of MIG mode", why, r.cfg.Host(r.cfg.CDISpec))
+
+	return c
 }
 
 // permanentError ends a waitFor: trying again cannot help.
@@ -537,21 +549,20 @@ func (r *Runner) startPersistenced(ctx context.Context) {
 	r.status.update(func(s *Status) { s.Persistenced = string(sup.Status().State) }) //nolint:errcheck
 }
 
-// persistencedPhase turns an up node degraded while the nvidia-persistenced it promises is
-// not running, and says why: its state, the supervisor's last error and the daemon's last
-// syslog line.
-func (r *Runner) persistencedPhase(phase, msg string) (string, string) {
-	var why string
+// persistencedCondition is a problem while the nvidia-persistenced the node promises is not
+// running, saying why: its state, the supervisor's last error and the daemon's last syslog
+// line.
+func (r *Runner) persistencedCondition() Condition {
+	c := Condition{Name: ConditionPersistenced}
 
 	switch {
 	case r.persistencedErr != "":
-		why = "nvidia-persistenced is not running: " + r.persistencedErr
+		c.Problem = "nvidia-persistenced is not running: " + r.persistencedErr
 	case r.persistenced == nil:
-		return phase, msg
 	default:
 		st := r.persistenced.Status()
 		if st.State == daemons.StateReady {
-			return phase, msg
+			return c
 		}
 
 		// Starting and restarting alternate at every retry: one state for the status, so
@@ -561,30 +572,33 @@ func (r *Runner) persistencedPhase(phase, msg string) (string, string) {
 			state = daemons.StateRestarting
 		}
 
-		why = fmt.Sprintf("nvidia-persistenced is not running (%s", state)
+		c.Problem = fmt.Sprintf("nvidia-persistenced is not running (%s", state)
 		if st.LastError != "" {
-			why += ": " + st.LastError
+			c.Problem += ": " + st.LastError
 		}
 
-		why += ")"
+		c.Problem += ")"
 
 		if r.daemonLog != nil {
 			if line := r.daemonLog("nvidia-persistenced"); line != "" {
-				why += fmt.Sprintf("; its last log line: %q", line)
+				c.Problem += fmt.Sprintf("; its last log line: %q", line)
 			}
 		}
 	}
 
-	return PhaseDegraded, strings.Replace(msg, "node ready", "node degraded", 1) + "; " + why
+	return c
 }
 
-// reportUp reports the phase of a node that is up: ready, or degraded by its fabric or
-// nvidia-persistenced; an unchanged status is not written again.
+// reportUp reports the phase of a node that is up, derived from its conditions: ready, or
+// degraded by any of them; an unchanged status is not written again.
 func (r *Runner) reportUp() {
 	r.upMu.Lock()
 	defer r.upMu.Unlock()
 
-	phase, msg := r.persistencedPhase(r.fabricPhase(r.fabric.readyPhase, r.fabric.readyMsg))
+	// Clip: the fabric's and persistenced's conditions go into a copy, not into r.up.
+	up := r.up
+	up.Conditions = append(slices.Clip(up.Conditions), r.fabricCondition(), r.persistencedCondition())
+	phase, msg := up.Derive()
 
 	if r.persistenced != nil {
 		r.status.update(func(s *Status) { s.Persistenced = string(r.persistenced.Status().State) }) //nolint:errcheck // reported by report()

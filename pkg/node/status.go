@@ -8,6 +8,32 @@ import (
 	"github.com/talos-nvidia/nvidia-driver/pkg/mig"
 )
 
+// The status contract, version StatusContract: what the status and readiness files promise
+// their readers (hack/e2e-gpu.sh, hack/k8s-node/*.sh, internal/harness, service tests, the
+// docs' `talosctl read`, people), in one place:
+//   - the status file is at StatusPath (config.StatusFile under the host root), written whole
+//     and atomically on every change, as the JSON of Status;
+//   - its top-level field names are Status's JSON tags, those after subroot left out while
+//     unknown; fabric has state (the Fabric* strings, fabric.go) and message;
+//   - phase is one of the Phase* strings;
+//   - the message of a node that is up starts "node ready: " or "node degraded: " and names
+//     the node's conditions (Up.Derive);
+//   - the readiness files, driverroot.ReadyFile (the readinessSummary JSON) and
+//     driverroot.OperatorReadyFile, are in ReadinessDir (config.ValidationsDir) while the
+//     node serves its GPUs.
+//
+// Adding a field, a condition or a clause to a message keeps the version; renaming or
+// removing a field or a phase, or moving a file, needs the next one, with its readers changed
+// in the same commit. TestStatusContract holds the code to this.
+const StatusContract = 1
+
+// Where the contract's files are on the node. The config package, which this one imports,
+// builds the same paths under the host root: a test holds the two together.
+const (
+	StatusPath   = "/run/nvidia-driver/status.json"
+	ReadinessDir = "/run/nvidia/validations"
+)
+
 // Phases of the node, in the order a healthy bring-up passes them.
 const (
 	PhaseStarting = "starting"
