@@ -20,6 +20,7 @@ import (
 	"github.com/talos-nvidia/nvidia-driver/pkg/config"
 	"github.com/talos-nvidia/nvidia-driver/pkg/document"
 	"github.com/talos-nvidia/nvidia-driver/pkg/driverroot"
+	"github.com/talos-nvidia/nvidia-driver/pkg/memory"
 	migcli "github.com/talos-nvidia/nvidia-driver/pkg/mig/cli"
 	"github.com/talos-nvidia/nvidia-driver/pkg/node"
 	"github.com/talos-nvidia/nvidia-driver/pkg/nvmljobs"
@@ -260,6 +261,13 @@ func waitOnInvalidConfig(ctx context.Context, log *slog.Logger, cfg config.Confi
 		log.Warn("no status file written: the host root is not known")
 	} else if werr := node.ReportInvalidConfig(cfg.StatusFile(), cfg.Subroot, err); werr != nil {
 		log.Error("cannot write the status file", "error", werr)
+	}
+
+	// From here on the service only waits: give back what the load used.
+	if rel, rerr := memory.Release(); rerr != nil {
+		log.Warn("cannot release the load's memory", "error", rerr)
+	} else {
+		log.Debug("released the load's memory", "rssKiB", rel.AfterKiB, "rssBeforeKiB", rel.BeforeKiB)
 	}
 
 	<-ctx.Done()
