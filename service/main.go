@@ -12,11 +12,11 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
-	"path/filepath"
 	"slices"
 	"syscall"
 	"time"
 
+	"github.com/talos-nvidia/nvidia-driver/pkg/cdi"
 	"github.com/talos-nvidia/nvidia-driver/pkg/config"
 	"github.com/talos-nvidia/nvidia-driver/pkg/document"
 	"github.com/talos-nvidia/nvidia-driver/pkg/driverroot"
@@ -224,8 +224,8 @@ func watchForFirstDocument(ctx context.Context, log *slog.Logger, cfg config.Con
 }
 
 // prepareTempDir creates the service's TMPDIR (the extension's YAML points it into the
-// service's own /run directory) and removes what a killed predecessor left there: nvcdi's
-// spec renderings (os.CreateTemp pattern "nvcdi-spec-*").
+// service's own /run directory) and removes what a killed predecessor left there: the CDI
+// spec's renderings (cdi.SweepTemp).
 func prepareTempDir() error {
 	dir := os.Getenv("TMPDIR")
 	if dir == "" {
@@ -236,18 +236,7 @@ func prepareTempDir() error {
 		return fmt.Errorf("creating TMPDIR: %w", err)
 	}
 
-	stale, err := filepath.Glob(filepath.Join(dir, "nvcdi-spec-*"))
-	if err != nil {
-		return fmt.Errorf("listing TMPDIR: %w", err)
-	}
-
-	for _, p := range stale {
-		if err := os.Remove(p); err != nil {
-			return fmt.Errorf("removing a leftover spec rendering: %w", err)
-		}
-	}
-
-	return nil
+	return cdi.SweepTemp(dir)
 }
 
 // waitOnInvalidConfig reports a configuration that did not load, once, in the log and the
