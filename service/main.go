@@ -16,6 +16,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/talos-nvidia/nvidia-driver/pkg/atomicfile"
 	"github.com/talos-nvidia/nvidia-driver/pkg/cdi"
 	"github.com/talos-nvidia/nvidia-driver/pkg/config"
 	"github.com/talos-nvidia/nvidia-driver/pkg/document"
@@ -162,7 +163,7 @@ func runService(stderr io.Writer) int {
 	}
 	logSettings(log, cfg)
 
-	if err := prepareTempDir(); err != nil {
+	if err := prepareTempDir(os.Getenv("TMPDIR")); err != nil {
 		log.Warn("no temporary directory: the CDI spec cannot be rendered", "error", err)
 	}
 
@@ -223,18 +224,21 @@ func watchForFirstDocument(ctx context.Context, log *slog.Logger, cfg config.Con
 	return ctx
 }
 
-// prepareTempDir creates the service's TMPDIR (the extension's YAML points it into the
-// service's own /run directory) and removes what a killed predecessor left there: the CDI
-// spec's renderings (cdi.SweepTemp).
-func prepareTempDir() error {
-	dir := os.Getenv("TMPDIR")
+// prepareTempDir creates the service's TMPDIR, dir (the extension's YAML points it into the
+// service's own /run directory), refusing a symbolic link on its path (a link at the host's
+// /run/nvidia-driver would have the CDI library write its renderings where it points), and
+// removes what a killed predecessor left there: the CDI spec's renderings (cdi.SweepTemp).
+func prepareTempDir(dir string) error {
 	if dir == "" {
 		return nil
 	}
 
-	if err := os.MkdirAll(dir, 0o700); err != nil {
+	d, err := atomicfile.OpenDirNoSymlinks(dir, true, 0o700)
+	if err != nil {
 		return fmt.Errorf("creating TMPDIR: %w", err)
 	}
+
+	d.Close() //nolint:errcheck // an O_PATH descriptor: nothing to flush
 
 	return cdi.SweepTemp(dir)
 }

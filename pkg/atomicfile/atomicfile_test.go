@@ -235,3 +235,35 @@ func TestSweepSparesConcurrentWriters(t *testing.T) {
 	require.NoError(t, err)
 	assert.Len(t, entries, 1, "no temporary file left")
 }
+
+// TestOpenDirNoSymlinks: a link at any component of the path is refused, naming it; with
+// create, nothing is made where it points; a path without links is made and opened.
+func TestOpenDirNoSymlinks(t *testing.T) {
+	root := t.TempDir()
+	elsewhere := filepath.Join(root, "elsewhere")
+	require.NoError(t, os.MkdirAll(elsewhere, 0o755))
+	require.NoError(t, os.Symlink(elsewhere, filepath.Join(root, "link")))
+
+	_, err := atomicfile.OpenDirNoSymlinks(filepath.Join(root, "link/a/b"), true, 0o755)
+	require.ErrorIs(t, err, atomicfile.ErrSymlink)
+	assert.Contains(t, err.Error(), filepath.Join(root, "link")+" is a symbolic link")
+
+	_, err = atomicfile.OpenDirNoSymlinks(filepath.Join(root, "link"), false, 0)
+	require.ErrorIs(t, err, atomicfile.ErrSymlink)
+
+	entries, err := os.ReadDir(elsewhere)
+	require.NoError(t, err)
+	assert.Empty(t, entries)
+
+	d, err := atomicfile.OpenDirNoSymlinks(filepath.Join(root, "made/a/b"), true, 0o700)
+	require.NoError(t, err)
+	require.NoError(t, d.Close())
+	assert.DirExists(t, filepath.Join(root, "made/a/b"))
+
+	_, err = atomicfile.OpenDirNoSymlinks(filepath.Join(root, "absent"), false, 0)
+	require.ErrorIs(t, err, unix.ENOENT)
+
+	require.NoError(t, os.WriteFile(filepath.Join(root, "file"), nil, 0o644))
+	_, err = atomicfile.OpenDirNoSymlinks(filepath.Join(root, "file/x"), true, 0o755)
+	require.ErrorContains(t, err, "is not a directory")
+}
