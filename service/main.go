@@ -16,6 +16,8 @@ import (
 	"syscall"
 	"time"
 
+	// A SIGTERM before runService handles it exits 0 (the package says why).
+	_ "github.com/talos-nvidia/nvidia-driver/internal/stopsignal"
 	"github.com/talos-nvidia/nvidia-driver/pkg/atomicfile"
 	"github.com/talos-nvidia/nvidia-driver/pkg/cdi"
 	"github.com/talos-nvidia/nvidia-driver/pkg/config"
@@ -178,6 +180,8 @@ func runService(stderr io.Writer) int {
 
 	if err := serveFn(ctx, log, cfg); err != nil {
 		if errors.Is(err, context.Canceled) {
+			log.Info("stopped")
+
 			return 0
 		}
 
