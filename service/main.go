@@ -12,14 +12,18 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
-	"path/filepath"
 	"slices"
 	"syscall"
 	"time"
 
+	// A SIGTERM before runService handles it exits 0 (the package says why).
+	_ "github.com/talos-nvidia/nvidia-driver/internal/stopsignal"
+	"github.com/talos-nvidia/nvidia-driver/pkg/atomicfile"
+	"github.com/talos-nvidia/nvidia-driver/pkg/cdi"
 	"github.com/talos-nvidia/nvidia-driver/pkg/config"
 	"github.com/talos-nvidia/nvidia-driver/pkg/document"
 	"github.com/talos-nvidia/nvidia-driver/pkg/driverroot"
+	"github.com/talos-nvidia/nvidia-driver/pkg/memory"
 	migcli "github.com/talos-nvidia/nvidia-driver/pkg/mig/cli"
 	"github.com/talos-nvidia/nvidia-driver/pkg/node"
 	"github.com/talos-nvidia/nvidia-driver/pkg/nvmljobs"
@@ -161,7 +165,7 @@ func runService(stderr io.Writer) int {
 	}
 	logSettings(log, cfg)
 
-	if err := prepareTempDir(); err != nil {
+	if err := prepareTempDir(os.Getenv("TMPDIR")); err != nil {
 		log.Warn("no temporary directory: the CDI spec cannot be rendered", "error", err)
 	}
 
@@ -176,6 +180,8 @@ func runService(stderr io.Writer) int {
 
 	if err := serveFn(ctx, log, cfg); err != nil {
 		if errors.Is(err, context.Canceled) {
+			log.Info("stopped")
+
 			return 0
 		}
 
@@ -222,31 +228,23 @@ func watchForFirstDocument(ctx context.Context, log *slog.Logger, cfg config.Con
 	return ctx
 }
 
-// prepareTempDir creates the service's TMPDIR (the extension's YAML points it into the
-// service's own /run directory) and removes what a killed predecessor left there: nvcdi's
-// spec renderings (os.CreateTemp pattern "nvcdi-spec-*").
-func prepareTempDir() error {
-	dir := os.Getenv("TMPDIR")
+// prepareTempDir creates the service's TMPDIR, dir (the extension's YAML points it into the
+// service's own /run directory), refusing a symbolic link on its path (a link at the host's
+// /run/nvidia-driver would have the CDI library write its renderings where it points), and
+// removes what a killed predecessor left there: the CDI spec's renderings (cdi.SweepTemp).
+func prepareTempDir(dir string) error {
 	if dir == "" {
 		return nil
 	}
 
-	if err := os.MkdirAll(dir, 0o700); err != nil {
+	d, err := atomicfile.OpenDirNoSymlinks(dir, true, 0o700)
+	if err != nil {
 		return fmt.Errorf("creating TMPDIR: %w", err)
 	}
 
-	stale, err := filepath.Glob(filepath.Join(dir, "nvcdi-spec-*"))
-	if err != nil {
-		return fmt.Errorf("listing TMPDIR: %w", err)
-	}
+	d.Close() //nolint:errcheck // an O_PATH descriptor: nothing to flush
 
-	for _, p := range stale {
-		if err := os.Remove(p); err != nil {
-			return fmt.Errorf("removing a leftover spec rendering: %w", err)
-		}
-	}
-
-	return nil
+	return cdi.SweepTemp(dir)
 }
 
 // waitOnInvalidConfig reports a configuration that did not load, once, in the log and the
@@ -260,6 +258,13 @@ func waitOnInvalidConfig(ctx context.Context, log *slog.Logger, cfg config.Confi
 		log.Warn("no status file written: the host root is not known")
 	} else if werr := node.ReportInvalidConfig(cfg.StatusFile(), cfg.Subroot, err); werr != nil {
 		log.Error("cannot write the status file", "error", werr)
+	}
+
+	// From here on the service only waits: give back what the load used.
+	if rel, rerr := memory.Release(); rerr != nil {
+		log.Warn("cannot release the load's memory", "error", rerr)
+	} else {
+		log.Debug("released the load's memory", "rssKiB", rel.AfterKiB, "rssBeforeKiB", rel.BeforeKiB)
 	}
 
 	<-ctx.Done()

@@ -3,11 +3,13 @@
 package cdi
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
+	"io/fs"
 	"log/slog"
+	"os"
+	"path/filepath"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 	"github.com/NVIDIA/nvidia-container-toolkit/pkg/nvcdi"
@@ -130,13 +132,67 @@ func Generate(log *slog.Logger, lib nvml.Interface, o Options) (spec.Interface, 
 
 // Render returns the spec as the YAML document written to disk, after the CDI library's
 // validation.
+//
+// The library renders through files in os.TempDir() (the service's TMPDIR): spec.WriteTo
+// saves to "nvcdi-spec-*.yaml", and its Save writes "spec.*.tmp" and renames it, keeping the
+// "spec.*.tmp" of a write that failed (a full /run left one per retry, issue 32). Render has it
+// save into a directory of its own ("nvcdi-render-*") and removes that directory whole,
+// whatever happened; SweepTemp removes what a killed service left. An error of a temporary
+// file is given without the file's random name, so that a retry reads the same.
 func Render(s spec.Interface) ([]byte, error) {
-	var b bytes.Buffer
-	if _, err := s.WriteTo(&b); err != nil {
-		return nil, fmt.Errorf("rendering the CDI spec: %w", err)
+	dir, err := os.MkdirTemp("", renderDirPattern)
+	if err != nil {
+		return nil, fmt.Errorf("rendering the CDI spec in %s: %w", os.TempDir(), bare(err))
+	}
+	defer os.RemoveAll(dir) //nolint:errcheck // what stays is SweepTemp's
+
+	path := filepath.Join(dir, "spec.yaml")
+	if err := s.Save(path); err != nil {
+		return nil, fmt.Errorf("rendering the CDI spec in %s: %w", os.TempDir(), bare(err))
 	}
 
-	return b.Bytes(), nil
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("rendering the CDI spec in %s: %w", os.TempDir(), bare(err))
+	}
+
+	return data, nil
+}
+
+// renderDirPattern names Render's directories (os.MkdirTemp).
+const renderDirPattern = "nvcdi-render-*"
+
+// bare replaces a *fs.PathError in err, whose path is a random temporary name, by its
+// operation and cause.
+func bare(err error) error {
+	var pe *fs.PathError
+	if errors.As(err, &pe) {
+		return fmt.Errorf("%s: %w", pe.Op, pe.Err)
+	}
+
+	return err
+}
+
+// SweepTemp removes from the temporary directory dir what renderings of a killed service left:
+// Render's directories, and the CDI library's files of earlier builds that rendered in dir
+// itself ("nvcdi-spec-*", "spec.*.tmp"). The service calls it at start, before any rendering.
+func SweepTemp(dir string) error {
+	var errs []error
+
+	for _, pattern := range []string{renderDirPattern, "nvcdi-spec-*", "spec.*.tmp"} {
+		stale, err := filepath.Glob(filepath.Join(dir, pattern))
+		if err != nil {
+			return fmt.Errorf("listing %s: %w", dir, err)
+		}
+
+		for _, p := range stale {
+			if err := os.RemoveAll(p); err != nil {
+				errs = append(errs, fmt.Errorf("removing a leftover CDI spec rendering: %w", err))
+			}
+		}
+	}
+
+	return errors.Join(errs...)
 }
 
 // Write generates the spec and writes it to path atomically (a reader sees the old spec or

@@ -329,3 +329,53 @@ func BenchmarkGenerate(b *testing.B) {
 		}
 	}
 }
+
+// TestFailedRenderLeavesNoTemporaryFile: with TMPDIR full (a tmpfs of one page), the CDI
+// library's write of the spec fails; nothing of it stays there (issue 32: a full /run left a
+// partial spec.<n>.tmp per retry), and every retry fails with the same message.
+func TestFailedRenderLeavesNoTemporaryFile(t *testing.T) {
+	lib, host := simulatedNode(t, "h200:2")
+
+	s, err := cdi.Generate(quiet, lib, options(t, host))
+	require.NoError(t, err)
+
+	tmp := t.TempDir()
+	require.NoError(t, unix.Mount("tmpfs", tmp, "tmpfs", 0, "size=4k"))
+	t.Cleanup(func() { unix.Unmount(tmp, unix.MNT_DETACH) }) //nolint:errcheck
+	t.Setenv("TMPDIR", tmp)
+
+	var msgs []string
+
+	for range 3 {
+		_, err := cdi.Render(s)
+		require.ErrorIs(t, err, unix.ENOSPC)
+
+		msgs = append(msgs, err.Error())
+
+		entries, err := os.ReadDir(tmp)
+		require.NoError(t, err)
+		assert.Empty(t, entries, "left in TMPDIR")
+	}
+
+	assert.Equal(t, msgs[0], msgs[2], "a retry reads the same")
+	assert.Contains(t, msgs[0], "rendering the CDI spec in "+tmp+": write: no space left on device")
+}
+
+// TestSweepTemp: what renderings of a killed service left in TMPDIR goes at start; other files
+// stay.
+func TestSweepTemp(t *testing.T) {
+	dir := t.TempDir()
+
+	require.NoError(t, os.MkdirAll(filepath.Join(dir, "nvcdi-render-123/x"), 0o700))
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "nvcdi-render-123/spec.456.tmp"), []byte("partial"), 0o600))
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "nvcdi-spec-789.yaml"), nil, 0o600))
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "spec.111.tmp"), []byte("partial"), 0o600))
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "other"), nil, 0o600))
+
+	require.NoError(t, cdi.SweepTemp(dir))
+
+	entries, err := os.ReadDir(dir)
+	require.NoError(t, err)
+	require.Len(t, entries, 1)
+	assert.Equal(t, "other", entries[0].Name())
+}

@@ -1,7 +1,9 @@
 // Package config loads the service's configuration from its environment and an optional
 // YAML file, both of which a Talos ExtensionServiceConfig provides. Every setting has a
 // default, so a node needs no configuration at all. Loading is strict: unknown keys and
-// variables, bad values and a missing or unknown version are all reported at once.
+// variables, bad values and a missing or unknown version are all reported at once (the first
+// MaxProblems of them and a count of the rest). The file (document.MaxFileSize) and each
+// value (MaxValueLen) have size limits, checked before they are parsed.
 package config
 
 import (
@@ -98,6 +100,81 @@ func (c Config) ValidationsDir() string { return c.Host("/run/nvidia/validations
 // StatusFile holds the service's status as JSON.
 func (c Config) StatusFile() string { return c.Host("/run/nvidia-driver/status.json") }
 
+// MaxValueLen bounds each value, from the file or the environment, checked before the value
+// is parsed: every setting is a path, a layout name, a level, a boolean or a duration, and the
+// longest of these, a path, is at most PATH_MAX (4096 bytes) long. A longer value is refused
+// and the message gives its length, not the value.
+const MaxValueLen = 4096
+
+// MaxProblems is how many problems the error of a bad configuration lists, followed by "and N
+// more"; each is cut at maxProblemLen bytes. The error goes into the log line and the status
+// file: a 10 MB document of unknown keys made both 74 MB (issue 32).
+const (
+	MaxProblems   = 20
+	maxProblemLen = 300
+)
+
+// problems collects the errors of a configuration: the first MaxProblems and a count of the
+// others.
+type problems struct {
+	errs []error
+	more int
+}
+
+func (p *problems) add(err error) {
+	if err == nil {
+		return
+	}
+
+	if len(p.errs) >= MaxProblems {
+		p.more++
+
+		return
+	}
+
+	p.errs = append(p.errs, shorten(err))
+}
+
+// err is the configuration's error, nil without problems.
+func (p *problems) err() error {
+	if len(p.errs) == 0 {
+		return nil
+	}
+
+	errs := p.errs
+	if p.more > 0 {
+		errs = append(errs, fmt.Errorf("and %d more", p.more))
+	}
+
+	return fmt.Errorf("invalid configuration:\n%w", errors.Join(errs...))
+}
+
+// shortError is an error whose message is cut at maxProblemLen bytes.
+type shortError struct{ err error }
+
+func (e shortError) Error() string {
+	return strings.ToValidUTF8(e.err.Error()[:maxProblemLen], "") + "..."
+}
+
+func (e shortError) Unwrap() error { return e.err }
+
+func shorten(err error) error {
+	if len(err.Error()) <= maxProblemLen {
+		return err
+	}
+
+	return shortError{err}
+}
+
+// setValue checks v's length, then sets it.
+func (s setting) setValue(c *Config, v string) error {
+	if len(v) > MaxValueLen {
+		return fmt.Errorf("a value of %d bytes, longer than the limit of %d", len(v), MaxValueLen)
+	}
+
+	return s.set(c, v)
+}
+
 // setting describes one key: its name in the file, its variable, its default and how to
 // store a value.
 type setting struct {
@@ -135,7 +212,7 @@ func settings() []setting {
 // for it; HostRoot is then empty if the host root itself was not given right.
 func Load(environ []string) (Config, error) {
 	var (
-		errs []error
+		errs problems
 		c    = Config{Source: map[string]string{}}
 		all  = settings()
 	)
@@ -172,10 +249,7 @@ func Load(environ []string) (Config, error) {
 
 	path = c.resolve(docs, path)
 
-	values, err := readFile(path, explicit)
-	if err != nil {
-		errs = append(errs, err)
-	}
+	values := readFile(path, explicit, &errs)
 
 	byKey := map[string]setting{}
 	for _, s := range all {
@@ -191,13 +265,13 @@ func Load(environ []string) (Config, error) {
 
 		s, ok := byKey[v.key]
 		if !ok {
-			errs = append(errs, fmt.Errorf("%s:%d: unknown key %q%s", path, v.line, v.key, suggest(v.key, keys(all))))
+			errs.add(fmt.Errorf("%s:%d: unknown key %q%s", path, v.line, v.key, suggest(v.key, keys(all))))
 
 			continue
 		}
 
-		if err := s.set(&c, v.value); err != nil {
-			errs = append(errs, fmt.Errorf("%s:%d: %s: %w", path, v.line, v.key, err))
+		if err := s.setValue(&c, v.value); err != nil {
+			errs.add(fmt.Errorf("%s:%d: %s: %w", path, v.line, v.key, err))
 			bad[s.key] = true
 
 			continue
@@ -232,13 +306,13 @@ func Load(environ []string) (Config, error) {
 
 		s, ok := byEnv[name]
 		if !ok {
-			errs = append(errs, fmt.Errorf("environment: unknown variable %s%s", name, suggest(name, envNames(all))))
+			errs.add(fmt.Errorf("environment: unknown variable %s%s", name, suggest(name, envNames(all))))
 
 			continue
 		}
 
-		if err := s.set(&c, env[name]); err != nil {
-			errs = append(errs, fmt.Errorf("environment: %s: %w", name, err))
+		if err := s.setValue(&c, env[name]); err != nil {
+			errs.add(fmt.Errorf("environment: %s: %w", name, err))
 			bad[s.key] = true
 
 			continue
@@ -249,12 +323,12 @@ func Load(environ []string) (Config, error) {
 
 	c.MIGConfig = c.resolve(docs, c.MIGConfig)
 
-	if len(errs) > 0 {
+	if err := errs.err(); err != nil {
 		if bad["hostRoot"] {
 			c.HostRoot = ""
 		}
 
-		return c, fmt.Errorf("invalid configuration:\n%w", errors.Join(errs...))
+		return c, err
 	}
 
 	return c, nil
@@ -296,33 +370,42 @@ type fileValue struct {
 	line       int
 }
 
-func readFile(path string, required bool) ([]fileValue, error) {
-	data, err := os.ReadFile(path)
+// readFile reads the configuration file's values, adding its problems to errs. The file's
+// size is checked before it is parsed (document.ReadFile).
+func readFile(path string, required bool, errs *problems) []fileValue {
+	data, err := document.ReadFile(path)
 	if errors.Is(err, os.ErrNotExist) && !required {
-		return nil, nil
+		return nil
 	}
 
 	if err != nil {
-		return nil, fmt.Errorf("reading configuration file: %w", err)
+		errs.add(fmt.Errorf("reading configuration file: %w", err))
+
+		return nil
 	}
 
 	var doc yaml.Node
 	if err := yaml.Unmarshal(data, &doc); err != nil {
-		return nil, fmt.Errorf("%s: %w", path, err)
+		errs.add(fmt.Errorf("%s: %w", path, err))
+
+		return nil
 	}
 
 	if len(doc.Content) == 0 {
-		return nil, fmt.Errorf("%s: empty file: it needs at least \"version: %s\"", path, Version)
+		errs.add(fmt.Errorf("%s: empty file: it needs at least \"version: %s\"", path, Version))
+
+		return nil
 	}
 
 	root := doc.Content[0]
 	if root.Kind != yaml.MappingNode {
-		return nil, fmt.Errorf("%s:%d: expected a mapping of settings", path, root.Line)
+		errs.add(fmt.Errorf("%s:%d: expected a mapping of settings", path, root.Line))
+
+		return nil
 	}
 
 	var (
 		out     []fileValue
-		errs    []error
 		version string
 		seen    = map[string]int{}
 	)
@@ -331,7 +414,7 @@ func readFile(path string, required bool) ([]fileValue, error) {
 		k, v := root.Content[i], root.Content[i+1]
 
 		if prev, dup := seen[k.Value]; dup {
-			errs = append(errs, fmt.Errorf("%s:%d: key %q repeated (first on line %d)", path, k.Line, k.Value, prev))
+			errs.add(fmt.Errorf("%s:%d: key %q repeated (first on line %d)", path, k.Line, k.Value, prev))
 
 			continue
 		}
@@ -339,7 +422,7 @@ func readFile(path string, required bool) ([]fileValue, error) {
 		seen[k.Value] = k.Line
 
 		if v.Kind != yaml.ScalarNode {
-			errs = append(errs, fmt.Errorf("%s:%d: %s: expected a single value", path, v.Line, k.Value))
+			errs.add(fmt.Errorf("%s:%d: %s: expected a single value", path, v.Line, k.Value))
 
 			continue
 		}
@@ -356,12 +439,12 @@ func readFile(path string, required bool) ([]fileValue, error) {
 	switch version {
 	case Version:
 	case "":
-		errs = append(errs, fmt.Errorf("%s: missing \"version: %s\"", path, Version))
+		errs.add(fmt.Errorf("%s: missing \"version: %s\"", path, Version))
 	default:
-		errs = append(errs, fmt.Errorf("%s: version %q is not supported, this build reads %q", path, version, Version))
+		errs.add(fmt.Errorf("%s: version %q is not supported, this build reads %q", path, version, Version))
 	}
 
-	return out, errors.Join(errs...)
+	return out
 }
 
 func absPath(field func(*Config) *string) func(*Config, string) error {

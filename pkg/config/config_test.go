@@ -1,6 +1,7 @@
 package config_test
 
 import (
+	"fmt"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -11,6 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/talos-nvidia/nvidia-driver/pkg/config"
+	"github.com/talos-nvidia/nvidia-driver/pkg/document"
 )
 
 // load writes file as the configuration file and loads it with env.
@@ -142,4 +144,64 @@ func TestRetiredSettingsAreIgnoredAndSaid(t *testing.T) {
 	require.Len(t, c.Ignored, 2)
 	assert.Contains(t, c.Ignored[0], ":2: fabricManager is ignored: the fabric manager runs in the ext-nvidia-fabricmanager service")
 	assert.Contains(t, c.Ignored[1], "environment: NVIDIA_DRIVER_FABRIC_MANAGER is ignored")
+}
+
+// TestDocumentSizeLimits: a file larger than document.MaxFileSize is refused before it is
+// parsed, and the error names the file and the limit; a file of the limit loads (issue 32: a
+// 10 MB document took 26 s, 813 MB and 74 MB of log and status).
+func TestDocumentSizeLimits(t *testing.T) {
+	head := "version: v1alpha1\nlogLevel: debug\n"
+	pad := func(n int) string { return head + "#" + strings.Repeat("x", n-len(head)-2) + "\n" }
+
+	c, err := load(t, pad(document.MaxFileSize))
+	require.NoError(t, err)
+	assert.Equal(t, slog.LevelDebug, c.LogLevel)
+
+	_, err = load(t, pad(document.MaxFileSize+1))
+	require.ErrorIs(t, err, document.ErrTooLarge)
+	assert.Contains(t, err.Error(), "config.yaml: 65537 bytes: larger than 64 KiB, the limit of a document file")
+}
+
+// TestValueLengthLimit: a value longer than MaxValueLen, in the file or the environment, is
+// refused before it is parsed; the error names the key or variable and the limit, not the value.
+func TestValueLengthLimit(t *testing.T) {
+	long := strings.Repeat("a", config.MaxValueLen+1)
+
+	_, err := load(t, "version: v1alpha1\nmigLayout: "+long+"\n", "NVIDIA_DRIVER_SUBROOT=/"+long)
+	require.Error(t, err)
+
+	msg := err.Error()
+	assert.Contains(t, msg, "config.yaml:2: migLayout: a value of 4097 bytes, longer than the limit of 4096")
+	assert.Contains(t, msg, "environment: NVIDIA_DRIVER_SUBROOT: a value of 4098 bytes, longer than the limit of 4096")
+	assert.NotContains(t, msg, long[:100])
+
+	c, err := load(t, "version: v1alpha1\nmigLayout: "+long[1:]+"\n")
+	require.NoError(t, err, "a value of the limit is taken")
+	assert.Len(t, c.MIGLayout, config.MaxValueLen)
+}
+
+// TestBadDocumentReportIsBounded: the error of a document with thousands of problems lists the
+// first MaxProblems, each cut short, and counts the rest, so the log line and the status file
+// stay small.
+func TestBadDocumentReportIsBounded(t *testing.T) {
+	var b strings.Builder
+
+	b.WriteString("version: v1alpha1\n" + strings.Repeat("k", 1000) + ": x\n")
+
+	for i := range 5000 {
+		fmt.Fprintf(&b, "u%d: x\n", i)
+	}
+
+	require.Less(t, b.Len(), document.MaxFileSize)
+
+	_, err := load(t, b.String(), "NVIDIA_DRIVER_"+strings.Repeat("V", 3000)+"=x")
+	require.Error(t, err)
+
+	msg := err.Error()
+	assert.Less(t, len(msg), 8<<10, "the report is bounded")
+	assert.Contains(t, msg, `config.yaml:2: unknown key "kkkk`)
+	assert.Contains(t, msg, `config.yaml:21: unknown key "u18"`)
+	assert.NotContains(t, msg, `"u19"`, "only the first problems are listed")
+	assert.Contains(t, msg, "\nand 4982 more", "5001 keys and 1 variable unknown, 20 listed")
+	assert.NotContains(t, msg, strings.Repeat("k", 400), "a long problem is cut")
 }

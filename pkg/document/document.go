@@ -25,10 +25,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"time"
 )
 
@@ -36,6 +38,54 @@ import (
 // at the same path (the whole directory, since Talos removes and creates the service's own
 // directory under it as the document comes and goes).
 const BaseDir = "/system/overlays/extensions"
+
+// MaxFileSize bounds a document file the service reads (its configuration file, the MIG
+// layouts file), checked before a byte of it is parsed. The largest real file is a MIG layouts
+// file: NVIDIA's GPU Operator v26.7.0 default-mig-parted-config ConfigMap is 13.8 KB, mig-parted
+// v0.15.0's config-default.yaml 11.6 KB (both in pkg/mig/testdata/nvidia); a configuration
+// file is under 1 KB. 64 KiB leaves four times the largest, and parses in milliseconds, so a
+// SIGTERM during the parse is honoured at once: a 10 MB file took 26 s and 800 MB (issue 32).
+const MaxFileSize = 64 << 10
+
+// ErrTooLarge is the error of a document file larger than MaxFileSize.
+var ErrTooLarge = errors.New("larger than 64 KiB, the limit of a document file")
+
+// ReadFile reads the document file at path, refusing, before it reads them, a file larger
+// than MaxFileSize (ErrTooLarge) and one that is not a regular file. Its errors name path; a
+// file that does not exist gives an error that is fs.ErrNotExist.
+func ReadFile(path string) ([]byte, error) {
+	// O_NONBLOCK: a FIFO put at the path must not hold the service in open(2).
+	f, err := os.OpenFile(path, os.O_RDONLY|syscall.O_NONBLOCK, 0)
+	if err != nil {
+		return nil, err // a *fs.PathError: it names the file and the operation
+	}
+	defer f.Close()
+
+	st, err := f.Stat()
+	if err != nil {
+		return nil, err // a *fs.PathError
+	}
+
+	if !st.Mode().IsRegular() {
+		return nil, fmt.Errorf("%s: not a regular file (%s)", path, st.Mode().Type())
+	}
+
+	if st.Size() > MaxFileSize {
+		return nil, fmt.Errorf("%s: %d bytes: %w", path, st.Size(), ErrTooLarge)
+	}
+
+	// The file may grow between the stat and the read: read at most one byte past the limit.
+	data, err := io.ReadAll(io.LimitReader(f, MaxFileSize+1))
+	if err != nil {
+		return nil, fmt.Errorf("reading %s: %w", path, err)
+	}
+
+	if len(data) > MaxFileSize {
+		return nil, fmt.Errorf("%s: more than %d bytes: %w", path, MaxFileSize, ErrTooLarge)
+	}
+
+	return data, nil
+}
 
 // FileName is the name Talos gives the file of a document's configFiles entry: its mountPath
 // without the leading "/", with every "/" replaced by "-" (services/extension.go).

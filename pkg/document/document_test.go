@@ -9,6 +9,7 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"golang.org/x/sys/unix"
 
 	"github.com/talos-nvidia/nvidia-driver/pkg/document"
 )
@@ -65,4 +66,33 @@ func TestWaitForArrival(t *testing.T) {
 	present, err = docs.Present()
 	require.NoError(t, err)
 	assert.True(t, present)
+}
+
+// TestReadFileLimits: ReadFile refuses a file over MaxFileSize and a FIFO (without waiting for
+// a writer), and reads a file of the limit.
+func TestReadFileLimits(t *testing.T) {
+	dir := t.TempDir()
+
+	at := filepath.Join(dir, "at")
+	require.NoError(t, os.WriteFile(at, make([]byte, document.MaxFileSize), 0o644))
+
+	data, err := document.ReadFile(at)
+	require.NoError(t, err)
+	assert.Len(t, data, document.MaxFileSize)
+
+	over := filepath.Join(dir, "over")
+	require.NoError(t, os.WriteFile(over, make([]byte, document.MaxFileSize+1), 0o644))
+
+	_, err = document.ReadFile(over)
+	require.ErrorIs(t, err, document.ErrTooLarge)
+	assert.Contains(t, err.Error(), over)
+
+	fifo := filepath.Join(dir, "fifo")
+	require.NoError(t, unix.Mkfifo(fifo, 0o644))
+
+	_, err = document.ReadFile(fifo)
+	require.ErrorContains(t, err, "not a regular file")
+
+	_, err = document.ReadFile(filepath.Join(dir, "absent"))
+	require.ErrorIs(t, err, os.ErrNotExist)
 }

@@ -9,6 +9,8 @@ import (
 
 	"github.com/moby/sys/mountinfo"
 	"golang.org/x/sys/unix"
+
+	"github.com/talos-nvidia/nvidia-driver/pkg/atomicfile"
 )
 
 // BindDev makes the driver root look like a driver container's root: the host's /dev
@@ -41,8 +43,16 @@ func BindDev(log *slog.Logger, hostDev, driverMount string) (MountResult, error)
 	}
 
 	return placeMount(log, hostDev, target, placement{
-		right:    isDevBindOptions,
-		attach:   func() error { return attachDev(hostDev, target) },
+		right: isDevBindOptions,
+		open: func() (*os.File, error) {
+			dir, err := atomicfile.OpenDirNoSymlinks(target, false, 0)
+			if err != nil {
+				return nil, fmt.Errorf("binding %s: %w", hostDev, err)
+			}
+
+			return dir, nil
+		},
+		attach:   func(dst *os.File) error { return attachDev(hostDev, dst) },
 		reused:   "host /dev already bound under the driver root by an earlier run, reusing it",
 		replaced: "replacing an earlier mount at the driver root's dev/",
 		wrong:    "expected one read-only mount without nodev",
@@ -52,7 +62,7 @@ func BindDev(log *slog.Logger, hostDev, driverMount string) (MountResult, error)
 
 // attachDev clones hostDev's own mount, detached, sets its attributes there (a remount in
 // this namespace would not reach the host's copy), and attaches it at target.
-func attachDev(hostDev, target string) error {
+func attachDev(hostDev string, dst *os.File) error {
 	fd, err := unix.OpenTree(unix.AT_FDCWD, hostDev, unix.OPEN_TREE_CLONE|unix.OPEN_TREE_CLOEXEC)
 	if err != nil {
 		return fmt.Errorf("cloning %s for a bind mount: %w", hostDev, err)
@@ -71,8 +81,8 @@ func attachDev(hostDev, target string) error {
 		return fmt.Errorf("setting the attributes of the clone of %s: %w", hostDev, err)
 	}
 
-	if err := unix.MoveMount(fd, "", unix.AT_FDCWD, target, unix.MOVE_MOUNT_F_EMPTY_PATH); err != nil {
-		return fmt.Errorf("attaching %s at %s: %w", hostDev, target, err)
+	if err := unix.MoveMount(fd, "", int(dst.Fd()), "", unix.MOVE_MOUNT_F_EMPTY_PATH|unix.MOVE_MOUNT_T_EMPTY_PATH); err != nil {
+		return fmt.Errorf("attaching %s at %s: %w", hostDev, dst.Name(), err)
 	}
 
 	return nil

@@ -10,6 +10,8 @@ import (
 
 	"github.com/moby/sys/mountinfo"
 	"golang.org/x/sys/unix"
+
+	"github.com/talos-nvidia/nvidia-driver/pkg/atomicfile"
 )
 
 // MountResult says what Mount did.
@@ -35,19 +37,24 @@ const (
 //
 // Mount never stacks: a right mount left by an earlier run is reused, wrong ones are
 // detached first. The caller never unmounts it: specs and running containers point into it.
+//
+// No component of target may be a symbolic link (<host>/run/nvidia, the target itself): the
+// mount point is made and the mount attached without following one
+// (atomicfile.OpenDirNoSymlinks), and the error names the link.
 func Mount(log *slog.Logger, subroot, target string) (MountResult, error) {
 	log = log.With("subroot", subroot, "target", target)
 
 	return placeMount(log, subroot, target, placement{
 		right: isReadOnly,
-		prepare: func() error {
-			if err := os.MkdirAll(target, 0o755); err != nil {
-				return fmt.Errorf("creating mount point %s: %w", target, err)
+		open: func() (*os.File, error) {
+			dir, err := atomicfile.OpenDirNoSymlinks(target, true, 0o755)
+			if err != nil {
+				return nil, fmt.Errorf("mount point of the driver root: %w", err)
 			}
 
-			return nil
+			return dir, nil
 		},
-		attach:   func() error { return attachReadOnly(subroot, target) },
+		attach:   func(dst *os.File) error { return attachReadOnly(subroot, dst) },
 		reused:   "driver root already mounted by an earlier run, reusing it",
 		replaced: "replacing an earlier mount at the driver root",
 		wrong:    "expected one read-only mount",
@@ -57,9 +64,10 @@ func Mount(log *slog.Logger, subroot, target string) (MountResult, error) {
 
 // placement says how placeMount makes one kind of mount.
 type placement struct {
-	right   func(*mountinfo.Info) bool // the options a right mount has
-	prepare func() error               // before attach, once nothing is mounted (may be nil)
-	attach  func() error               // makes the mount
+	right func(*mountinfo.Info) bool // the options a right mount has
+	// open opens the mount point without following a link (atomicfile.OpenDirNoSymlinks).
+	open   func() (*os.File, error)
+	attach func(dst *os.File) error // makes the mount on the open mount point
 	// Log lines and the error's wording.
 	reused, replaced, wrong, done string
 }
@@ -67,8 +75,16 @@ type placement struct {
 // placeMount leaves exactly one right mount of source at target: an earlier run's is reused
 // when it shows source with the right options and nothing is stacked on it; otherwise every
 // mount there is detached (containers keep their copies) and a new one is attached and
-// checked.
+// checked. The mount point is opened first, which refuses a link on its path; so mountsAt can
+// take target as it is written.
 func placeMount(log *slog.Logger, source, target string, p placement) (MountResult, error) {
+	dst, err := p.open()
+	if err != nil {
+		return "", err
+	}
+
+	dst.Close() //nolint:errcheck // opened again below, once the earlier mounts are gone
+
 	existing, err := mountsAt(target)
 	if err != nil {
 		return "", err
@@ -101,13 +117,15 @@ func placeMount(log *slog.Logger, source, target string, p placement) (MountResu
 		result = Replaced
 	}
 
-	if p.prepare != nil {
-		if err := p.prepare(); err != nil {
-			return "", err
-		}
+	// Opened now: a descriptor of a mount point opened before the detach would be the
+	// detached mount's root.
+	dst, err = p.open()
+	if err != nil {
+		return "", err
 	}
+	defer dst.Close() //nolint:errcheck
 
-	if err := p.attach(); err != nil {
+	if err := p.attach(dst); err != nil {
 		return "", err
 	}
 
@@ -126,7 +144,7 @@ func placeMount(log *slog.Logger, source, target string, p placement) (MountResu
 	return result, nil
 }
 
-func attachReadOnly(subroot, target string) error {
+func attachReadOnly(subroot string, dst *os.File) error {
 	fd, err := unix.OpenTree(unix.AT_FDCWD, subroot, unix.OPEN_TREE_CLONE|unix.OPEN_TREE_CLOEXEC|unix.AT_RECURSIVE)
 	if err != nil {
 		if errors.Is(err, unix.ENOSYS) {
@@ -146,8 +164,8 @@ func attachReadOnly(subroot, target string) error {
 		return fmt.Errorf("giving the clone of %s its own peer group: %w", subroot, err)
 	}
 
-	if err := unix.MoveMount(fd, "", unix.AT_FDCWD, target, unix.MOVE_MOUNT_F_EMPTY_PATH); err != nil {
-		return fmt.Errorf("attaching %s at %s: %w", subroot, target, err)
+	if err := unix.MoveMount(fd, "", int(dst.Fd()), "", unix.MOVE_MOUNT_F_EMPTY_PATH|unix.MOVE_MOUNT_T_EMPTY_PATH); err != nil {
+		return fmt.Errorf("attaching %s at %s: %w", subroot, dst.Name(), err)
 	}
 
 	return nil
@@ -169,12 +187,11 @@ func ownPeerGroup(fd int) error {
 	return nil
 }
 
-// mountsAt lists the mounts whose mount point is target, bottom first.
+// mountsAt lists the mounts whose mount point is target, bottom first. target is taken as
+// written, not resolved: a link on its path is no mount of the service's (placeMount refuses
+// one before it looks).
 func mountsAt(target string) ([]*mountinfo.Info, error) {
 	clean := filepath.Clean(target)
-	if resolved, err := filepath.EvalSymlinks(clean); err == nil {
-		clean = resolved
-	}
 
 	// Not mountinfo.SingleEntryFilter: it stops at the first entry, and stacked mounts at
 	// one mount point are exactly what this must see.

@@ -44,6 +44,8 @@ func TestMain(m *testing.M) {
 		os.Exit(hostRole())
 	case "container":
 		os.Exit(containerRole())
+	case "links":
+		os.Exit(linksRole())
 	}
 
 	os.Exit(m.Run())

@@ -12,6 +12,8 @@ import (
 	"strings"
 
 	"go.yaml.in/yaml/v3"
+
+	"github.com/talos-nvidia/nvidia-driver/pkg/document"
 )
 
 // Config is a parsed layout file: named layouts, each a list of entries.
@@ -106,9 +108,10 @@ func (v *ValidationError) Error() string {
 }
 
 // LoadFile reads the layouts file at path and adds the built-in layouts; a file that does not
-// exist gives the built-in layouts alone (a node without an ExtensionServiceConfig file).
+// exist gives the built-in layouts alone (a node without an ExtensionServiceConfig file). A
+// file larger than document.MaxFileSize is refused before it is parsed.
 func LoadFile(path string) (*Config, error) {
-	data, err := os.ReadFile(path)
+	data, err := document.ReadFile(path)
 	if errors.Is(err, os.ErrNotExist) {
 		return Builtin(), nil
 	}

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -11,6 +12,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/talos-nvidia/nvidia-driver/pkg/document"
 	"github.com/talos-nvidia/nvidia-driver/pkg/gpu"
 	"github.com/talos-nvidia/nvidia-driver/pkg/mig"
 )
@@ -309,4 +311,26 @@ func TestParseAliasBomb(t *testing.T) {
 	require.Error(t, err)
 	assert.Less(t, time.Since(start), 5*time.Second)
 	assert.Contains(t, err.Error(), `unknown top-level key "a0"`)
+}
+
+// TestLoadFileSizeLimit: a layouts file larger than document.MaxFileSize is refused before it
+// is parsed, naming the file; every NVIDIA file in testdata fits under the limit.
+func TestLoadFileSizeLimit(t *testing.T) {
+	files, err := filepath.Glob("testdata/nvidia/*.yaml")
+	require.NoError(t, err)
+	require.NotEmpty(t, files)
+
+	for _, f := range files {
+		st, err := os.Stat(f)
+		require.NoError(t, err)
+		assert.Less(t, st.Size(), int64(document.MaxFileSize/4), f)
+	}
+
+	path := filepath.Join(t.TempDir(), "mig.yaml")
+	big := "version: v1\nmig-configs:\n" + strings.Repeat("  l: [{devices: all, mig-enabled: false}]\n", document.MaxFileSize/40)
+	require.NoError(t, os.WriteFile(path, []byte(big), 0o644))
+
+	_, err = mig.LoadFile(path)
+	require.ErrorIs(t, err, document.ErrTooLarge)
+	assert.Contains(t, err.Error(), path)
 }

@@ -9,6 +9,7 @@ import (
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 
+	"github.com/talos-nvidia/nvidia-driver/pkg/atomicfile"
 	gpuinfo "github.com/talos-nvidia/nvidia-driver/pkg/gpu"
 )
 
@@ -153,13 +154,10 @@ func WriteProcFS(hostRoot string, lib nvml.Interface) error {
 		return err
 	}
 
+	// Each file replaced whole (a killed writer must not leave, say, a GPU's information file
+	// truncated: every later start would wait on it), and only when it changed.
 	for rel, content := range files {
-		p := filepath.Join(hostRoot, rel)
-		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
-			return fmt.Errorf("writing simulated /proc: %w", err)
-		}
-
-		if err := os.WriteFile(p, []byte(content), 0o444); err != nil {
+		if _, err := atomicfile.Write(filepath.Join(hostRoot, rel), []byte(content), 0o444); err != nil {
 			return fmt.Errorf("writing simulated /proc: %w", err)
 		}
 	}

@@ -3,10 +3,13 @@ package sim_test
 import (
 	"github.com/talos-nvidia/nvidia-driver/internal/testutil"
 
+	"bytes"
 	"context"
 	"encoding/json"
 	"os"
 	"path/filepath"
+	"sync"
+	"sync/atomic"
 	"testing"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
@@ -387,4 +390,57 @@ func TestHoldersShowInProc(t *testing.T) {
 	got, err = gpu.Holders(filepath.Join(host, "proc"), 1)
 	require.NoError(t, err)
 	assert.Equal(t, []gpu.Holder{{PID: 4200, Name: "dcgm-exporter"}}, got)
+}
+
+// TestProcFSWritesAreWhole: a reader of the simulated /proc never sees a file in part while
+// WriteProcFS rewrites it (issue 32: a kill during a MIG change left gpus/*/information
+// truncated, and every later start waited on it).
+func TestProcFSWritesAreWhole(t *testing.T) {
+	node := sim.New(testutil.Model(t, "h200"), 2)
+	require.Equal(t, nvml.SUCCESS, node.Init())
+
+	host := t.TempDir()
+	versions := []string{"570.1.1", "580.2.2"}
+
+	node.DriverVersion = versions[0]
+	require.NoError(t, sim.WriteProcFS(host, node))
+
+	minorsPath := filepath.Join(host, "proc/driver/nvidia-caps/mig-minors")
+	minors, err := os.ReadFile(minorsPath)
+	require.NoError(t, err)
+
+	versionPath := filepath.Join(host, "proc/driver/nvidia/version")
+
+	var (
+		stop    atomic.Bool
+		partial atomic.Int64
+		wg      sync.WaitGroup
+	)
+
+	wg.Add(1)
+
+	go func() {
+		defer wg.Done()
+
+		for !stop.Load() {
+			if data, err := os.ReadFile(minorsPath); err != nil || !bytes.Equal(data, minors) {
+				partial.Add(1)
+			}
+
+			data, err := os.ReadFile(versionPath)
+			if err != nil || !bytes.HasSuffix(data, []byte("Simulated\nGCC version:  gcc\n")) {
+				partial.Add(1)
+			}
+		}
+	}()
+
+	for i := range 200 {
+		node.DriverVersion = versions[i%2]
+		require.NoError(t, sim.WriteProcFS(host, node))
+	}
+
+	stop.Store(true)
+	wg.Wait()
+
+	assert.Zero(t, partial.Load(), "reads of a file in part")
 }
