@@ -84,10 +84,77 @@ type Release struct {
 	// Validator is the extensions-validator image of siderolabs' base stage
 	// (internal/base/pkg.yaml) at the release's tag.
 	Validator string
+	// ValidatorTalos is the Talos version that validator checks a manifest's constraint
+	// against (ValidatorTalos, the function).
+	ValidatorTalos string
 	// Drivers by branch: versions and archive checksums from siderolabs/pkgs at the
 	// release's pkgs version, fabric manager checksums from siderolabs/extensions.
 	Drivers map[string]Driver
+	// Sources are the provenance headers of the vendored files, by file name
+	// (ExtensionsVarsFile, ExtensionsMakefileFile, PkgsPkgfileFile, ExtensionsBaseFile).
+	Sources map[string]Provenance
 }
+
+// Provenance is the header of a vendored file: where it was copied from and, when the file
+// at the tag it is used for was not at hand, that tag and why the copy is taken for it.
+type Provenance struct {
+	// Repo is siderolabs' repository (siderolabs/pkgs, siderolabs/extensions); Tag and
+	// Commit are what the file was copied from, File its path there.
+	Repo, Tag, Commit, File string
+	// InferredFor is the tag the file stands for when that is not Tag (the header's
+	// "# Inferred for <tag>: <why>" line), Why the reason the header gives; both empty for a
+	// file copied at the tag it is used for.
+	InferredFor, Why string
+}
+
+// For is the tag the file stands for: InferredFor if the header infers it, else Tag.
+func (p Provenance) For() string {
+	if p.InferredFor != "" {
+		return p.InferredFor
+	}
+
+	return p.Tag
+}
+
+// String names the source in vars.yaml's comments: "siderolabs/pkgs v1.13.0-60-gf541ca4", or
+// "siderolabs/extensions v1.14.0-rc.1 (inferred for v1.14.1)".
+func (p Provenance) String() string {
+	if p.InferredFor != "" {
+		return p.Repo + " " + p.Tag + " (inferred for " + p.InferredFor + ")"
+	}
+
+	return p.Repo + " " + p.Tag
+}
+
+// Inferred lists the release's vendored files that stand for a tag they were not copied
+// from, in the order of Files.
+func (r Release) Inferred() []string {
+	var out []string
+
+	for _, f := range Files {
+		if r.Sources[f].InferredFor != "" {
+			out = append(out, f)
+		}
+	}
+
+	return out
+}
+
+// Files are the vendored files of a release directory.
+var Files = []string{PkgsPkgfileFile, ExtensionsVarsFile, ExtensionsMakefileFile, ExtensionsBaseFile}
+
+// validatorTalos is the Talos version each extensions-validator image of siderolabs' base
+// stage checks a manifest's constraint against: the gendata tag of the machinery its go.mod
+// pins (84cecb0: v1.13.0-alpha.2.0.20260405070107-79fa2e300108, whose gendata tag at
+// 79fa2e3 is v1.13.0-alpha.2; hack/siderolabs-validator.sh builds it). A release whose base
+// stage names another image stops the generator until that image is added here.
+var validatorTalos = map[string]string{
+	"ghcr.io/siderolabs/extensions-validator:84cecb0": "v1.13.0-alpha.2",
+}
+
+// ValidatorTalos is the Talos version a known extensions-validator image checks
+// constraints against, or "" for an image not known.
+func ValidatorTalos(image string) string { return validatorTalos[image] }
 
 // Driver is one branch's NVIDIA driver of a release.
 type Driver struct {
@@ -226,7 +293,7 @@ func ReleaseDirs(dir string) ([]string, error) {
 // driver versions and, for every architecture (Arches), archive checksums.
 func ReadRelease(dir string, m Machinery) (Release, error) {
 	talos := filepath.Base(dir)
-	r := Release{Talos: talos, Pkgs: m.Pkgs, Tools: m.Tools, Kernel: m.Kernel, Drivers: map[string]Driver{}}
+	r := Release{Talos: talos, Pkgs: m.Pkgs, Tools: m.Tools, Kernel: m.Kernel, Drivers: map[string]Driver{}, Sources: map[string]Provenance{}}
 
 	var errs []error
 
@@ -258,6 +325,10 @@ func ReadRelease(dir string, m Machinery) (Release, error) {
 
 	r.Validator = validator
 
+	if r.ValidatorTalos = validatorTalos[validator]; validator != "" && r.ValidatorTalos == "" {
+		errs = append(errs, fmt.Errorf("%s: extensions-validator %s: the Talos version it checks constraints against is not known (recipes.validatorTalos)", filepath.Join(dir, ExtensionsBaseFile), validator))
+	}
+
 	if r.ExtensionsTools != m.Tools {
 		errs = append(errs, fmt.Errorf("%s: siderolabs/extensions builds with tools %q, Talos %s with %q", filepath.Join(dir, ExtensionsMakefileFile), r.ExtensionsTools, talos, m.Tools))
 	}
@@ -266,19 +337,30 @@ func ReadRelease(dir string, m Machinery) (Release, error) {
 		errs = append(errs, fmt.Errorf("%s: siderolabs/extensions builds against pkgs %q, Talos %s against %q", filepath.Join(dir, ExtensionsMakefileFile), r.ExtensionsPkgs, talos, m.Pkgs))
 	}
 
-	switch tag, err := provenanceTag(filepath.Join(dir, PkgsPkgfileFile)); {
-	case err != nil:
-		errs = append(errs, err)
-	case tag != m.Pkgs:
-		errs = append(errs, fmt.Errorf("%s: vendored from pkgs %q, Talos %s is built from pkgs %q", filepath.Join(dir, PkgsPkgfileFile), tag, talos, m.Pkgs))
-	}
+	// Each file must say where it was copied from, and stand for this release's tag (pkgs'
+	// for the Pkgfile): copied at that tag, or inferred for it with a reason.
+	for _, f := range Files {
+		want, what := talos, "extensions"
+		if f == PkgsPkgfileFile {
+			want, what = m.Pkgs, "pkgs"
+		}
 
-	for _, f := range []string{ExtensionsVarsFile, ExtensionsBaseFile} {
-		switch tag, err := provenanceTag(filepath.Join(dir, f)); {
-		case err != nil:
+		p, err := ReadProvenance(filepath.Join(dir, f))
+		if err != nil {
 			errs = append(errs, err)
-		case tag != talos:
-			errs = append(errs, fmt.Errorf("%s: vendored from extensions %q, not %s", filepath.Join(dir, f), tag, talos))
+
+			continue
+		}
+
+		r.Sources[f] = p
+
+		switch {
+		case p.Repo != "siderolabs/"+what:
+			errs = append(errs, fmt.Errorf("%s: vendored from %s, not siderolabs/%s", filepath.Join(dir, f), p.Repo, what))
+		case p.For() != want && what == "pkgs":
+			errs = append(errs, fmt.Errorf("%s: vendored from pkgs %q, Talos %s is built from pkgs %q", filepath.Join(dir, f), p.For(), talos, m.Pkgs))
+		case p.For() != want:
+			errs = append(errs, fmt.Errorf("%s: vendored from extensions %q, not %s", filepath.Join(dir, f), p.For(), talos))
 		}
 	}
 
@@ -411,23 +493,56 @@ func readMakefileVars(path string) (map[string]string, error) {
 var (
 	makeVar = regexp.MustCompile(`^([A-Z_]+)\s*[?:]=\s*(\S+)\s*$`)
 	// provenance is the first header line of a vendored file.
-	provenance = regexp.MustCompile(`^# Vendored from siderolabs/\S+, tag (\S+) \(commit [0-9a-f]{40}\), file \S+`)
+	provenance = regexp.MustCompile(`^# Vendored from (siderolabs/\S+), tag (\S+) \(commit ([0-9a-f]{40})\), file ([^\s:,]+)`)
+	// inferred is a header line of a file that stands for a tag it was not copied from: the
+	// tag, then why it is believed to be the same there (the reason may go on over the next
+	// comment lines).
+	inferred = regexp.MustCompile(`^# Inferred for (\S+?):(.*)$`)
 )
 
-func provenanceTag(path string) (string, error) {
+// ReadProvenance reads a vendored file's header: its first line names repository, tag,
+// commit and file; a later line of the leading comment block may say "# Inferred for <tag>:
+// <why>" when the file at that tag was not at hand. A file without the first line, or with
+// an inference that gives no reason, is refused.
+func ReadProvenance(path string) (Provenance, error) {
 	data, err := os.ReadFile(path)
 	if err != nil {
-		return "", err
+		return Provenance{}, err
 	}
 
-	first, _, _ := bytes.Cut(data, []byte("\n"))
+	lines := strings.Split(string(data), "\n")
 
-	m := provenance.FindSubmatch(first)
+	m := provenance.FindStringSubmatch(lines[0])
 	if m == nil {
-		return "", fmt.Errorf("%s: no provenance header (repository, tag, commit, file)", path)
+		return Provenance{}, fmt.Errorf("%s: no provenance header (repository, tag, commit, file)", path)
 	}
 
-	return string(m[1]), nil
+	p := Provenance{Repo: m[1], Tag: m[2], Commit: m[3], File: m[4]}
+
+	for _, l := range lines[1:] {
+		if !strings.HasPrefix(l, "#") {
+			break
+		}
+
+		if i := inferred.FindStringSubmatch(l); i != nil {
+			if p.InferredFor != "" {
+				return p, fmt.Errorf("%s: two \"Inferred for\" lines", path)
+			}
+
+			p.InferredFor, p.Why = i[1], strings.TrimSpace(i[2])
+			if p.Why == "" {
+				return p, fmt.Errorf("%s: inferred for %s without a reason (\"# Inferred for <tag>: <why>\")", path, p.InferredFor)
+			}
+
+			if p.InferredFor == p.Tag {
+				return p, fmt.Errorf("%s: inferred for %s, the tag it was copied from", path, p.Tag)
+			}
+		} else if strings.HasPrefix(strings.ToLower(l), "# inferred") {
+			return p, fmt.Errorf("%s: a malformed inference line %q (\"# Inferred for <tag>: <why>\")", path, l)
+		}
+	}
+
+	return p, nil
 }
 
 // LoadReleases reads every release directory under dir, newest first, with each release's
@@ -471,13 +586,24 @@ func LoadReleases(dir string) (releases []Release, missing []Machinery, err erro
 	return releases, missing, nil
 }
 
-// Floor is the first release of r's minor line (v1.13.0 for v1.13.9): the lowest Talos
-// version the manifest's constraint admits.
+// Floor is the lowest Talos version the manifest's constraint admits: the first release of
+// r's minor line (v1.13.0 for v1.13.9), or, if lower, the core version of the Talos that the
+// release's extensions-validator checks against (v1.13.0 for 84cecb0's v1.13.0-alpha.2:
+// extensions.validateConstraints drops the prerelease), which must pass the constraint for
+// siderolabs' validator to take the image (v1.13.0 for v1.14.1 with 84cecb0).
 func (r Release) Floor() string {
 	v, err := semver.ParseTolerant(r.Talos)
 	if err != nil {
 		return r.Talos
 	}
 
-	return fmt.Sprintf("v%d.%d.0", v.Major, v.Minor)
+	floor := semver.Version{Major: v.Major, Minor: v.Minor}
+
+	if w, err := semver.ParseTolerant(r.ValidatorTalos); err == nil {
+		if core := (semver.Version{Major: w.Major, Minor: w.Minor, Patch: w.Patch}); core.LT(floor) {
+			floor = core
+		}
+	}
+
+	return "v" + floor.String()
 }

@@ -87,6 +87,21 @@ func TestReleaseDataMustAgree(t *testing.T) {
 			file: recipes.ExtensionsVarsFile, old: "# Vendored from", new: "# Copied from",
 			want: "no provenance header",
 		},
+		{
+			name: "the Makefile without provenance",
+			file: recipes.ExtensionsMakefileFile, old: "# Vendored from", new: "# Copied from",
+			want: "extensions-Makefile: no provenance header",
+		},
+		{
+			name: "inferred without a reason",
+			file: recipes.ExtensionsBaseFile, old: "# copied whole", new: "# Inferred for v1.13.9:\n# copied whole",
+			want: "inferred for v1.13.9 without a reason",
+		},
+		{
+			name: "inferred for the tag it was copied from",
+			file: recipes.ExtensionsBaseFile, old: "# copied whole", new: "# Inferred for v1.13.9: it is.\n# copied whole",
+			want: "inferred for v1.13.9, the tag it was copied from",
+		},
 	}
 
 	for _, tc := range cases {
@@ -94,7 +109,7 @@ func TestReleaseDataMustAgree(t *testing.T) {
 			dir := filepath.Join(t.TempDir(), talos)
 			require.NoError(t, os.MkdirAll(dir, 0o755))
 
-			for _, f := range []string{recipes.PkgsPkgfileFile, recipes.ExtensionsVarsFile, recipes.ExtensionsMakefileFile, recipes.ExtensionsBaseFile} {
+			for _, f := range recipes.Files {
 				data, err := os.ReadFile(filepath.Join(src, f))
 				require.NoError(t, err)
 
@@ -117,6 +132,7 @@ func TestReleaseDataMustAgree(t *testing.T) {
 				assert.Equal(t, "v0.6.2", r.BldrRelease)
 				assert.Equal(t, "ghcr.io/siderolabs/extensions-validator:84cecb0", r.Validator)
 				assert.Equal(t, "v1.13.0", r.Floor())
+				assert.Empty(t, r.Inferred(), "every file copied at the tag it stands for")
 				assert.Equal(t, recipes.Driver{
 					Version: "595.91.07",
 					Archives: map[string]recipes.Archives{

@@ -305,9 +305,11 @@ func flavorsMatch(t *testing.T, tr *recipes.Tree, r recipes.Release, a recipes.A
 			next, nextMinor := this, this
 			next.Patch++
 			nextMinor.Minor++
-			// The Talos version siderolabs' extensions-validator 84cecb0 checks with: its
-			// machinery's gendata tag (v1.13.0-alpha.2 at 79fa2e3). "= <release>" fails it.
-			validator := semver.MustParse("1.13.0-alpha.2")
+			// The Talos version siderolabs' extensions-validator of the release checks with:
+			// its machinery's gendata tag (84cecb0: v1.13.0-alpha.2 at 79fa2e3). "= <release>"
+			// fails it.
+			require.Equal(t, recipes.ValidatorTalos(r.Validator), r.ValidatorTalos)
+			validator := semver.MustParse(strings.TrimPrefix(r.ValidatorTalos, "v"))
 
 			constraint := func(v semver.Version) error {
 				return ext.Validate(extensions.WithValidateConstraints(), extensions.WithTalosVersion(&v))
@@ -321,7 +323,7 @@ func flavorsMatch(t *testing.T, tr *recipes.Tree, r recipes.Release, a recipes.A
 			em := m
 			em.Metadata.Compatibility.Talos.Version = "= " + r.Talos
 			exact := extensions.New(t.TempDir(), f.Name, em)
-			assert.ErrorContains(t, exact.Validate(extensions.WithValidateConstraints(), extensions.WithTalosVersion(&validator)), "can't be satisfied with Talos version 1.13.0-alpha.2",
+			assert.ErrorContains(t, exact.Validate(extensions.WithValidateConstraints(), extensions.WithTalosVersion(&validator)), "version constraint = "+r.Talos+" can't be satisfied with Talos version 1.13.0-alpha.2",
 				"why the constraint is a range: siderolabs' validator")
 		})
 	}
