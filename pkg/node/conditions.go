@@ -14,8 +14,10 @@ import (
 const (
 	ConditionMIG          = "mig"
 	ConditionCDI          = "cdi"
+	ConditionReadiness    = "readiness"
 	ConditionFabric       = "fabric"
 	ConditionPersistenced = "persistenced"
+	ConditionLabels       = "labels"
 )
 
 // Condition is one part of an up node that can degrade it.

@@ -8,7 +8,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"maps"
 	"os"
 	"path/filepath"
 	"slices"
@@ -26,7 +25,6 @@ import (
 	"github.com/talos-nvidia/nvidia-driver/pkg/gpu"
 	"github.com/talos-nvidia/nvidia-driver/pkg/memory"
 	"github.com/talos-nvidia/nvidia-driver/pkg/mig"
-	"github.com/talos-nvidia/nvidia-driver/pkg/nfd"
 	"github.com/talos-nvidia/nvidia-driver/pkg/nvmljobs"
 	"github.com/talos-nvidia/nvidia-driver/pkg/poll"
 )
@@ -59,15 +57,23 @@ type Runner struct {
 	// persistenced's watchers both make them. It guards up.
 	upMu sync.Mutex
 	// up is what the status of the node, once up, derives from (conditions.go): its GPUs and
-	// the MIG and CDI conditions as setUp last found them. The fabric's and persistenced's,
-	// which change under their watchers, are read at each reportUp.
-	up Up
+	// the MIG, CDI and readiness conditions as setUp last found them. The fabric's,
+	// persistenced's and the labels', which change under their watchers and retry, are read
+	// at each reportUp. isUp: setUp has set up.
+	up   Up
+	isUp bool
 	// migProblem is why the configured MIG layout cannot be applied (mig.go); the node then
 	// serves its GPUs as they are.
 	migProblem error
 	// cdiProblem is why the last publish wrote no CDI spec: cdi.ErrNoDevices (the GPUs as
 	// they are offer no device) or a failure it did not wait out (publish); nil once written.
 	cdiProblem error
+	// readyProblem is why the last publish wrote no readiness files, a failure it did not
+	// retry (publish without wait); nil once written.
+	readyProblem error
+	// labels is the NFD feature file as the runner keeps it, retried in the background
+	// (labels.go).
+	labels labelState
 }
 
 // Option changes a Runner.
@@ -127,6 +133,7 @@ func (r *Runner) Run(ctx context.Context) error {
 	defer r.report(PhaseStopped, "service stopped; the driver root stays mounted for running containers")
 	defer r.stopDaemons()
 	defer r.stopFabric()
+	defer r.labels.wg.Wait() // after the MIG retry, which may label the node as it ends
 	defer r.stopMIGRetry()
 
 	if err := r.bringUp(ctx); err != nil {
@@ -140,7 +147,7 @@ func (r *Runner) Run(ctx context.Context) error {
 		}
 
 		if r.cfg.MIGLayout != "" {
-			r.labelNode(string(mig.ResultFailed), false)
+			r.labelNode(ctx, string(mig.ResultFailed), false)
 		}
 
 		r.report(PhaseFailed, err.Error())
@@ -185,10 +192,15 @@ func (r *Runner) bringUp(ctx context.Context) error {
 	}
 
 	// The driver root is the extension's own content: mounting it needs no GPU, and consumers
-	// that start early find it.
+	// that start early find it. What stops the mount is on the host path (a link at
+	// run/nvidia, a read-only /run) and clears when it is fixed: it is retried.
 	mount := r.cfg.DriverMount()
-	if _, err := driverroot.Mount(r.log, r.cfg.Subroot, mount); err != nil {
-		return fmt.Errorf("mounting the driver root: %w", err)
+	if err := r.retry(ctx, "the driver root's mount at "+mount, func() error {
+		_, err := driverroot.Mount(r.log, r.cfg.Subroot, mount)
+
+		return err
+	}); err != nil {
+		return err
 	}
 
 	r.status.update(func(s *Status) { s.DriverRoot = mount }) //nolint:errcheck
@@ -205,8 +217,12 @@ func (r *Runner) bringUp(ctx context.Context) error {
 
 	// The driver root's dev/ shows the host's /dev, as a driver container's root does: the
 	// device plugin, DRA driver and GPU Operator validator look for device nodes there.
-	if _, err := driverroot.BindDev(r.log, r.cfg.Host("/dev"), mount); err != nil {
-		return fmt.Errorf("binding the host's /dev under the driver root: %w", err)
+	if err := r.retry(ctx, "the bind of the host's /dev under the driver root", func() error {
+		_, err := driverroot.BindDev(r.log, r.cfg.Host("/dev"), mount)
+
+		return err
+	}); err != nil {
+		return err
 	}
 
 	var gpus []gpu.GPU
@@ -254,7 +270,7 @@ func (r *Runner) bringUp(ctx context.Context) error {
 		return err
 	}
 
-	r.labelNode(r.migNodeState(), false)
+	r.labelNode(ctx, r.migNodeState(), false)
 	r.setUp()
 	r.watchFabric(ctx)
 	r.watchPersistenced(ctx)
@@ -264,10 +280,12 @@ func (r *Runner) bringUp(ctx context.Context) error {
 }
 
 // publish writes what consumers read once the GPUs are as they will be: the CDI spec and the
-// readiness file. A failure to write the spec is waited out when wait is set (bring-up);
-// otherwise it is kept in r.cdiProblem and the readiness file is written all the same. GPUs
+// readiness files. A failure to write the spec is waited out when wait is set (bring-up);
+// otherwise it is kept in r.cdiProblem and the readiness files are written all the same. GPUs
 // that offer no device (all in MIG mode without instances) are no failure to wait out:
-// only a new layout changes them, so r.cdiProblem says so either way.
+// only a new layout changes them, so r.cdiProblem says so either way. The readiness files
+// are retried until written when wait is set; otherwise a failure is kept in r.readyProblem
+// and returned.
 func (r *Runner) publish(ctx context.Context, wait bool) error {
 	if r.cfg.CDI {
 		r.cdiProblem = r.writeCDI(ctx, wait)
@@ -284,7 +302,20 @@ func (r *Runner) publish(ctx context.Context, wait bool) error {
 		return fmt.Errorf("encoding the readiness summary: %w", err)
 	}
 
-	return driverroot.MarkReady(r.cfg.ValidationsDir(), append(summary, '\n'))
+	dir, content := r.cfg.ValidationsDir(), append(summary, '\n')
+	markReady := func() error { return driverroot.MarkReady(dir, content) }
+
+	if wait {
+		err = r.retry(ctx, "the readiness files in "+dir, markReady)
+	} else {
+		err = markReady()
+	}
+
+	if ctx.Err() == nil {
+		r.readyProblem = err
+	}
+
+	return err
 }
 
 // writeCDI writes the node's CDI spec. With no device to put in it, the spec of the GPUs as
@@ -330,11 +361,11 @@ func (r *Runner) setUp() {
 	up := Up{
 		GPUs:          len(st.GPUs),
 		DriverVersion: st.DriverVersion,
-		Conditions:    []Condition{r.migCondition(), r.cdiCondition()},
+		Conditions:    []Condition{r.migCondition(), r.cdiCondition(), r.readinessCondition()},
 	}
 
 	r.upMu.Lock()
-	r.up = up
+	r.up, r.isUp = up, true
 	r.upMu.Unlock()
 
 	r.reportUp()
@@ -374,6 +405,18 @@ func (r *Runner) cdiCondition() Condition {
 	return c
 }
 
+// readinessCondition is a problem while the last readiness files were not written (a
+// publish after the node came up, which does not retry them: the MIG retry tries them again
+// once it is over).
+func (r *Runner) readinessCondition() Condition {
+	c := Condition{Name: ConditionReadiness}
+	if r.readyProblem != nil {
+		c.Problem = fmt.Sprintf("the readiness files in %s are not written, tried again after the MIG retry: %s", r.cfg.ValidationsDir(), r.readyProblem)
+	}
+
+	return c
+}
+
 // permanentError ends a waitFor: trying again cannot help.
 type permanentError struct{ err error }
 
@@ -393,9 +436,24 @@ func (r *Runner) driverLoaded() error {
 // waitFor calls check until it succeeds, with backoff, reporting the wait once per distinct
 // reason; a permanent error ends it.
 func (r *Runner) waitFor(ctx context.Context, what string, check func() error) error {
+	return r.poll(ctx, check, func(err error) string { return fmt.Sprintf("waiting for %s: %s", what, err) })
+}
+
+// retry does step until it succeeds, as waitFor waits: for a step of the service's own (a
+// mount, a file it writes) that a fault on the host path stops, a link where a directory
+// belongs or a read-only file system, which clears once a person or the host fixes it, with
+// no restart. The status says what is retried and why, once per distinct error; the node
+// waits meanwhile (PhaseWaiting), since it serves nothing without the step.
+func (r *Runner) retry(ctx context.Context, what string, step func() error) error {
+	return r.poll(ctx, step, func(err error) string { return fmt.Sprintf("retrying %s: %s", what, err) })
+}
+
+// poll calls check until it succeeds, with the runner's backoff, reporting PhaseWaiting with
+// say's message once per distinct error; a permanent error ends it, and so does ctx.
+func (r *Runner) poll(ctx context.Context, check func() error, say func(error) string) error {
 	err := poll.Until(ctx, r.wait.Initial, r.wait.Max, check,
 		func(err error) bool { var p permanentError; return errors.As(err, &p) },
-		func(err error) { r.report(PhaseWaiting, fmt.Sprintf("waiting for %s: %s", what, err)) })
+		func(err error) { r.report(PhaseWaiting, say(err)) })
 
 	var p permanentError
 	if errors.As(err, &p) {
@@ -595,9 +653,13 @@ func (r *Runner) reportUp() {
 	r.upMu.Lock()
 	defer r.upMu.Unlock()
 
+	if !r.isUp {
+		return // the labels' retry (labels.go) can run before the node is up, or when it failed
+	}
+
 	// Clip: the fabric's and persistenced's conditions go into a copy, not into r.up.
 	up := r.up
-	up.Conditions = append(slices.Clip(up.Conditions), r.fabricCondition(), r.persistencedCondition())
+	up.Conditions = append(slices.Clip(up.Conditions), r.fabricCondition(), r.persistencedCondition(), r.labelsCondition())
 	phase, msg := up.Derive()
 
 	if r.persistenced != nil {
@@ -761,41 +823,4 @@ func migDetail(results []mig.Status) string {
 	}
 
 	return " (" + strings.Join(parts, "; ") + ")"
-}
-
-// labelNode writes the Node Feature Discovery feature file, when configured: the MIG
-// layout, its state, the GPU product and whether MPS can share the GPUs, for clusters that
-// run NFD; with pause, the labels that ask the operands to leave for a MIG change.
-func (r *Runner) labelNode(state string, pause bool) {
-	if r.cfg.NFDFeaturesDir == "" {
-		return
-	}
-
-	layout := ""
-	if state != "" {
-		layout = r.cfg.MIGLayout
-	}
-
-	product := ""
-	gpus := r.status.get().GPUs
-	if len(gpus) > 0 {
-		product = gpus[0].Name
-	}
-
-	labels := nfd.MIGLabels(layout, state, product)
-	if len(gpus) > 0 {
-		labels = nfd.WithMPSCapable(labels, gpu.MPSCapable(gpus))
-	}
-	if pause {
-		maps.Copy(labels, nfd.PauseLabels())
-	}
-
-	w, err := nfd.NewWriter(r.cfg.Host(r.cfg.NFDFeaturesDir), nfd.DefaultName)
-	if err == nil {
-		err = w.Write(labels)
-	}
-
-	if err != nil {
-		r.log.Error("cannot write the Node Feature Discovery labels", "error", err)
-	}
 }

@@ -80,7 +80,7 @@ func (r *Runner) retryMIG(ctx context.Context, pause bool) {
 	pending, _ := r.pendingMIG()
 
 	if pause {
-		r.labelNode(r.migNodeState(), true)
+		r.labelNode(ctx, r.migNodeState(), true)
 		r.log.Info("mig layout pending: asked for the operands' pause through the NFD feature file; NFD labels the node at its worker's next pass (core.sleepInterval, 60 s by default)",
 			"layout", r.cfg.MIGLayout, "gpus", pending, "labels", pauseLabelList(), "file", r.cfg.Host(r.cfg.NFDFeaturesDir))
 	}
@@ -103,12 +103,14 @@ func (r *Runner) retryMIG(ctx context.Context, pause bool) {
 		if pause {
 			r.log.Info("mig retry over: the operands' pause is lifted", "layout", r.cfg.MIGLayout, "state", r.migNodeState(),
 				"after", time.Since(start).Round(time.Millisecond).String())
-			r.labelNode(r.migNodeState(), false)
+			r.labelNode(ctx, r.migNodeState(), false)
 		}
 
-		// A spec that failed otherwise than for want of devices is waited out now, as at
-		// bring-up; no device to serve changes only with a new layout.
-		if ctx.Err() == nil && r.cdiProblem != nil && !errors.Is(r.cdiProblem, cdi.ErrNoDevices) {
+		// A spec that failed otherwise than for want of devices, and readiness files not
+		// written, are waited out now, as at bring-up; no device to serve changes only with a
+		// new layout.
+		cdiFailed := r.cdiProblem != nil && !errors.Is(r.cdiProblem, cdi.ErrNoDevices)
+		if ctx.Err() == nil && (cdiFailed || r.readyProblem != nil) {
 			if err := r.refreshGPUs(ctx, true); err != nil && ctx.Err() == nil {
 				r.log.Error("after the MIG retry: the GPUs were not read again", "error", err)
 			}

@@ -35,10 +35,20 @@ const (
 )
 
 // Phases of the node, in the order a healthy bring-up passes them.
+//
+// A fault that can clear by itself is never failed: before the node serves its GPUs it waits,
+// retrying ("waiting for …" or "retrying …: why"), since nothing is served yet; once it serves
+// them, what it only adds (the NFD labels) degrades it, retried, since the GPUs are served
+// all the same. Failed is kept for what no retry can clear.
 const (
 	PhaseStarting = "starting"
-	PhaseWaiting  = "waiting" // for something outside the service: the kernel driver, a GPU
-	PhaseFailed   = "failed"  // needs a person: the message says what
+	// PhaseWaiting: for something outside the service (the kernel driver, a GPU), or
+	// retrying a step of its own that a fault on the host path stops (a link where a directory
+	// belongs, a read-only /run): the driver root's mount, the /dev bind, the readiness files.
+	PhaseWaiting = "waiting"
+	// PhaseFailed: needs a person and is not retried (a broken subroot, a module flavor that
+	// cannot drive the GPUs, a bad document): the message says what.
+	PhaseFailed   = "failed"
 	PhaseReady    = "ready"
 	PhaseDegraded = "degraded" // up and serving its GPUs, without something the message names
 	PhaseStopped  = "stopped"
