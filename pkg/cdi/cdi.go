@@ -139,7 +139,18 @@ func Generate(log *slog.Logger, lib nvml.Interface, o Options) (spec.Interface, 
 // save into a directory of its own ("nvcdi-render-*") and removes that directory whole,
 // whatever happened; SweepTemp removes what a killed service left. An error of a temporary
 // file is given without the file's random name, so that a retry reads the same.
+//
+// TMPDIR is opened, and made if it is missing, without following a link on its path: a link
+// at the host's /run/nvidia-driver would have the library write where it points (issue 32).
+// Checked at every rendering, so that a link removed later, or a TMPDIR removed under the
+// service, clears at the next try without a restart.
 func Render(s spec.Interface) ([]byte, error) {
+	tmp, err := atomicfile.OpenDirNoSymlinks(os.TempDir(), true, 0o700)
+	if err != nil {
+		return nil, fmt.Errorf("rendering the CDI spec: TMPDIR: %w", err)
+	}
+	tmp.Close() //nolint:errcheck // an O_PATH descriptor: nothing to flush
+
 	dir, err := os.MkdirTemp("", renderDirPattern)
 	if err != nil {
 		return nil, fmt.Errorf("rendering the CDI spec in %s: %w", os.TempDir(), bare(err))

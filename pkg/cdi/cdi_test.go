@@ -379,3 +379,33 @@ func TestSweepTemp(t *testing.T) {
 	require.Len(t, entries, 1)
 	assert.Equal(t, "other", entries[0].Name())
 }
+
+// TestRenderRefusesALinkOnTMPDIR: with a link on TMPDIR's path (the host's /run/nvidia-driver,
+// issue 32), rendering is refused naming the link and nothing is written where it points;
+// once the link is gone, the next rendering makes TMPDIR and succeeds, without a restart.
+func TestRenderRefusesALinkOnTMPDIR(t *testing.T) {
+	lib, host := simulatedNode(t, "h200:2")
+
+	s, err := cdi.Generate(quiet, lib, options(t, host))
+	require.NoError(t, err)
+
+	root := t.TempDir()
+	elsewhere := filepath.Join(root, "elsewhere")
+	require.NoError(t, os.Mkdir(elsewhere, 0o755))
+	link := filepath.Join(root, "nvidia-driver")
+	require.NoError(t, os.Symlink(elsewhere, link))
+	t.Setenv("TMPDIR", filepath.Join(link, "tmp"))
+
+	_, err = cdi.Render(s)
+	require.ErrorContains(t, err, link+" is a symbolic link")
+
+	entries, err := os.ReadDir(elsewhere)
+	require.NoError(t, err)
+	assert.Empty(t, entries, "written where the link points")
+
+	require.NoError(t, os.Remove(link))
+
+	data, err := cdi.Render(s)
+	require.NoError(t, err)
+	assert.Contains(t, string(data), "nvidia.com/gpu")
+}
