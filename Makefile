@@ -80,7 +80,7 @@ binaries-arm64:
 # is the kernel's, not a test's, to change, an arm64 program run directly fails with "exec
 # format error"; and memory, whose page accounting is qemu's, not the program's.
 ARM64_QEMU := qemu-aarch64-static -L /usr/aarch64-linux-gnu
-ARM64_CPU_TESTS := ./pkg/atomicfile ./pkg/config ./pkg/devnodes ./pkg/document ./pkg/gpu/models ./pkg/gpu/sim \
+ARM64_CPU_TESTS := ./pkg/atomicfile ./pkg/config ./pkg/devnodes ./pkg/document ./pkg/gpu/models ./internal/sim \
   ./pkg/mig/... ./pkg/nfd ./pkg/nvswitch ./pkg/ociimage
 # The arm64 subroot (Debian's arm64 packages): NVIDIA's aarch64 nvidia-smi and
 # nvidia-persistenced run from it with its own loader, and the arm64 service accepts it

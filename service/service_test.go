@@ -166,7 +166,7 @@ func TestProductHasNoSimulator(t *testing.T) {
 	list.Dir = testutil.RepoRoot(t)
 	out, err := list.Output()
 	require.NoError(t, err)
-	assert.NotContains(t, string(out), "nvidia-driver/pkg/gpu/sim\n")
+	assert.NotContains(t, string(out), "nvidia-driver/internal/sim\n")
 	assert.NotContains(t, string(out), "go-nvml/pkg/nvml/mock")
 
 	// A bad configuration is reported and waited on (TestBadConfigurationIsReportedAndWaits).

@@ -41,7 +41,7 @@ echo "  gpu-none: phase $(phase gpu-none); its /dev: $none"
 check "gpu-none (no GPU asked) Succeeded and saw no nvidia device node" test "$(phase gpu-none)" = Succeeded -a -z "$(tr -d ' ' <<<"$none")"
 seen=$(kubectl logs gpu-two 2>&1)
 echo "  gpu-two: phase $(phase gpu-two); its /dev: $seen"
-# The GPUs kubelet gave the pod; the simulated UUIDs end in the minor (pkg/gpu/sim).
+# The GPUs kubelet gave the pod; the simulated UUIDs end in the minor (internal/sim).
 want=$(allocated gpu-two nvidia.com/gpu | while read -r u; do echo "nvidia$((16#${u: -12}))"; done | sort | tr '\n' ' ' | sed 's/ $//')
 got=$(tr ' ' '\n' <<<"$seen" | grep -E '^nvidia[0-9]+$' | sort | tr '\n' ' ' | sed 's/ $//')
 echo "  kubelet allocated: $want; the pod saw GPU nodes: $got"

@@ -27,7 +27,7 @@ import (
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 
 	"github.com/talos-nvidia/nvidia-driver/hack/simnvml/state"
-	"github.com/talos-nvidia/nvidia-driver/pkg/gpu/sim"
+	"github.com/talos-nvidia/nvidia-driver/internal/sim"
 )
 
 // attach takes this process's shared lock on the attach file. Callers hold the.mu.

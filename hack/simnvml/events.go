@@ -11,7 +11,7 @@ import (
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 
-	"github.com/talos-nvidia/nvidia-driver/pkg/gpu/sim"
+	"github.com/talos-nvidia/nvidia-driver/internal/sim"
 )
 
 // Event sets (nvml.h, nvmlEventSetCreate ... nvmlEventSetFree): the simulated GPUs never

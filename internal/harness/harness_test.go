@@ -281,7 +281,7 @@ func TestFirstDocumentReachesRunningService(t *testing.T) {
 // mounted under the driver root stays, and the next start reuses it.
 func TestTalosStopKeepsTheSocketMount(t *testing.T) {
 	fake := filepath.Join(t.TempDir(), "fakedaemon")
-	build := exec.Command("go", "build", "-o", fake, "./pkg/daemons/internal/fakedaemon")
+	build := exec.Command("go", "build", "-o", fake, "./internal/fakedaemon")
 	build.Dir = testutil.RepoRoot(t)
 	build.Env = append(os.Environ(), "CGO_ENABLED=0")
 	out, err := build.CombinedOutput()

@@ -17,13 +17,13 @@ import (
 
 	"github.com/talos-nvidia/nvidia-driver/pkg/fabricmanager"
 	"github.com/talos-nvidia/nvidia-driver/pkg/gpu"
-	"github.com/talos-nvidia/nvidia-driver/pkg/gpu/sim"
+	"github.com/talos-nvidia/nvidia-driver/internal/sim"
 	"github.com/talos-nvidia/nvidia-driver/pkg/nvmljobs"
 )
 
 // HGX is a simulated HGX board: eight GPUs, the NVSwitch files of sim.NVSwitches under a
 // throwaway host root, a subroot (the Debian-built one with an overlay) whose
-// nv-fabricmanager is the fake daemon (pkg/daemons/internal/fakedaemon), and NVML that
+// nv-fabricmanager is the fake daemon (internal/fakedaemon), and NVML that
 // reports the GPUs registered once a fabric manager's API socket answers.
 type HGX struct {
 	Host, Subroot string
@@ -281,13 +281,13 @@ func (fm *FabricManagerService) WaitState(t *testing.T, states ...string) fabric
 	return fabricmanager.Status{}
 }
 
-// FakeDaemon builds the fake daemon (pkg/daemons/internal/fakedaemon), which acts as
+// FakeDaemon builds the fake daemon (internal/fakedaemon), which acts as
 // nvidia-persistenced or, given -c, as nv-fabricmanager, and returns its path.
 func FakeDaemon(t *testing.T) string {
 	t.Helper()
 
 	bin := filepath.Join(t.TempDir(), "fakedaemon")
-	cmd := exec.Command("go", "build", "-o", bin, "github.com/talos-nvidia/nvidia-driver/pkg/daemons/internal/fakedaemon")
+	cmd := exec.Command("go", "build", "-o", bin, "github.com/talos-nvidia/nvidia-driver/internal/fakedaemon")
 	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
 
 	if out, err := cmd.CombinedOutput(); err != nil {

@@ -31,7 +31,7 @@ func TestMain(m *testing.M) {
 		}
 		defer os.RemoveAll(dir)
 		fakeDaemon = filepath.Join(dir, "fakedaemon")
-		cmd := exec.Command("go", "build", "-o", fakeDaemon, "./internal/fakedaemon")
+		cmd := exec.Command("go", "build", "-o", fakeDaemon, "../../internal/fakedaemon")
 		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
 		if out, err := cmd.CombinedOutput(); err != nil {
 			fmt.Fprintf(os.Stderr, "build fake daemon: %v\n%s", err, out)

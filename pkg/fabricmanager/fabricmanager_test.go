@@ -16,7 +16,7 @@ import (
 	"github.com/talos-nvidia/nvidia-driver/internal/testutil"
 	"github.com/talos-nvidia/nvidia-driver/pkg/devnodes"
 	"github.com/talos-nvidia/nvidia-driver/pkg/fabricmanager"
-	"github.com/talos-nvidia/nvidia-driver/pkg/gpu/sim"
+	"github.com/talos-nvidia/nvidia-driver/internal/sim"
 	"github.com/talos-nvidia/nvidia-driver/pkg/nvmljobs"
 )
 

@@ -21,7 +21,7 @@ import (
 
 	"github.com/talos-nvidia/nvidia-driver/hack/simnvml/state"
 	"github.com/talos-nvidia/nvidia-driver/pkg/driverroot"
-	"github.com/talos-nvidia/nvidia-driver/pkg/gpu/sim"
+	"github.com/talos-nvidia/nvidia-driver/internal/sim"
 )
 
 func main() {

@@ -12,7 +12,7 @@ import (
 	"syscall"
 
 	"github.com/talos-nvidia/nvidia-driver/pkg/atomicfile"
-	"github.com/talos-nvidia/nvidia-driver/pkg/gpu/sim"
+	"github.com/talos-nvidia/nvidia-driver/internal/sim"
 )
 
 // DirName is the state directory's name next to the node's device nodes: /dev/.simnvml.

@@ -84,6 +84,6 @@ func TestH200IsTheFixture(t *testing.T) {
 		return f.Profiles
 	}
 
-	fixture := read(filepath.Join(testutil.RepoRoot(t), "pkg/gpu/sim/testdata/h200-mig.json"))
+	fixture := read(filepath.Join(testutil.RepoRoot(t), "internal/sim/testdata/h200-mig.json"))
 	assert.Equal(t, fixture, read("data/h200.json"))
 }
