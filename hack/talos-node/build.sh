@@ -23,7 +23,11 @@ out=$(cd "$out" && pwd)
 exec 9>"$out/.lock"
 flock 9
 
+# go list names a module's directory only once it is in the module cache: on a cold cache the
+# config files below would be read from "/hack/...".
+(cd "$here" && go mod download github.com/siderolabs/talos github.com/siderolabs/talos/pkg/machinery)
 talos_mod=$(cd "$here" && go list -m -f '{{.Dir}}' github.com/siderolabs/talos)
+[ -n "$talos_mod" ] || { echo "talos-node: Talos's module is not in the module cache" >&2; exit 1; }
 stamp() { cat "$here/build.sh" "$@" | sha256sum | cut -c1-16; }
 start=$SECONDS
 mkdir -p "$out/bin"
