@@ -26,9 +26,9 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	"sigs.k8s.io/yaml"
 
+	"github.com/talos-nvidia/nvidia-driver/internal/sim"
 	"github.com/talos-nvidia/nvidia-driver/pkg/config"
 	"github.com/talos-nvidia/nvidia-driver/pkg/document"
-	"github.com/talos-nvidia/nvidia-driver/internal/sim"
 	"github.com/talos-nvidia/nvidia-driver/pkg/mig"
 	migcli "github.com/talos-nvidia/nvidia-driver/pkg/mig/cli"
 )

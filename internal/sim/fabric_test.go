@@ -9,9 +9,9 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/talos-nvidia/nvidia-driver/internal/sim"
 	"github.com/talos-nvidia/nvidia-driver/internal/testutil"
 	"github.com/talos-nvidia/nvidia-driver/pkg/gpu"
-	"github.com/talos-nvidia/nvidia-driver/internal/sim"
 )
 
 // TestFabricRegistration: without a fabric NVML says NOT_SUPPORTED; on an NVSwitch board the

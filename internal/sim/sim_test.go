@@ -17,8 +17,8 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/talos-nvidia/nvidia-driver/pkg/gpu"
 	"github.com/talos-nvidia/nvidia-driver/internal/sim"
+	"github.com/talos-nvidia/nvidia-driver/pkg/gpu"
 )
 
 // TestTablesMatchGoNVMLMock checks the A100, A30 and H100 tables against go-nvml's

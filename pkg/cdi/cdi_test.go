@@ -20,12 +20,12 @@ import (
 	"golang.org/x/sys/unix"
 	cdiapi "tags.cncf.io/container-device-interface/pkg/cdi"
 
+	"github.com/talos-nvidia/nvidia-driver/internal/sim"
 	"github.com/talos-nvidia/nvidia-driver/internal/testutil"
 	"github.com/talos-nvidia/nvidia-driver/pkg/atomicfile"
 	"github.com/talos-nvidia/nvidia-driver/pkg/cdi"
 	"github.com/talos-nvidia/nvidia-driver/pkg/devnodes"
 	"github.com/talos-nvidia/nvidia-driver/pkg/driverroot"
-	"github.com/talos-nvidia/nvidia-driver/internal/sim"
 	"github.com/talos-nvidia/nvidia-driver/pkg/mig"
 )
 

@@ -13,9 +13,9 @@ import (
 	"github.com/stretchr/testify/require"
 	"golang.org/x/sys/unix"
 
+	"github.com/talos-nvidia/nvidia-driver/internal/sim"
 	"github.com/talos-nvidia/nvidia-driver/internal/testutil"
 	"github.com/talos-nvidia/nvidia-driver/pkg/devnodes"
-	"github.com/talos-nvidia/nvidia-driver/internal/sim"
 )
 
 var quiet = slog.New(slog.NewTextHandler(io.Discard, nil))

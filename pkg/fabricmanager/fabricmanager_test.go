@@ -13,10 +13,10 @@ import (
 	"github.com/stretchr/testify/require"
 	"golang.org/x/sys/unix"
 
+	"github.com/talos-nvidia/nvidia-driver/internal/sim"
 	"github.com/talos-nvidia/nvidia-driver/internal/testutil"
 	"github.com/talos-nvidia/nvidia-driver/pkg/devnodes"
 	"github.com/talos-nvidia/nvidia-driver/pkg/fabricmanager"
-	"github.com/talos-nvidia/nvidia-driver/internal/sim"
 	"github.com/talos-nvidia/nvidia-driver/pkg/nvmljobs"
 )
 

@@ -16,9 +16,9 @@ import (
 	"github.com/stretchr/testify/require"
 	"golang.org/x/sys/unix"
 
+	"github.com/talos-nvidia/nvidia-driver/internal/sim"
 	"github.com/talos-nvidia/nvidia-driver/internal/testutil"
 	"github.com/talos-nvidia/nvidia-driver/pkg/driverroot"
-	"github.com/talos-nvidia/nvidia-driver/internal/sim"
 	"github.com/talos-nvidia/nvidia-driver/pkg/nfd"
 	"github.com/talos-nvidia/nvidia-driver/pkg/node"
 )

@@ -20,8 +20,8 @@ import (
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 
 	"github.com/talos-nvidia/nvidia-driver/hack/simnvml/state"
-	"github.com/talos-nvidia/nvidia-driver/pkg/driverroot"
 	"github.com/talos-nvidia/nvidia-driver/internal/sim"
+	"github.com/talos-nvidia/nvidia-driver/pkg/driverroot"
 )
 
 func main() {

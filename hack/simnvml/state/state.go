@@ -11,8 +11,8 @@ import (
 	"path/filepath"
 	"syscall"
 
-	"github.com/talos-nvidia/nvidia-driver/pkg/atomicfile"
 	"github.com/talos-nvidia/nvidia-driver/internal/sim"
+	"github.com/talos-nvidia/nvidia-driver/pkg/atomicfile"
 )
 
 // DirName is the state directory's name next to the node's device nodes: /dev/.simnvml.
