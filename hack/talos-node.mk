@@ -31,7 +31,9 @@ test-talos-k8s: talos-node
 
 # The controls, each of which passes only when the checks fail on its defect
 # (hack/talos-node/control.sh).
+# The controls stop before Kubernetes (control.sh): no registry to build.
 TALOS_NODE_CONTROLS ?= tmpfs depends exit
+test-talos-controls: export TALOS_NODE_KUBERNETES := 0
 test-talos-controls: extension talos-node-build
 	for c in $(TALOS_NODE_CONTROLS); do \
 		TALOS_NODE_CONTROL=$$c hack/talos-node/control.sh $(TALOS_NODE_EXTENSION) $(OUT)/talos-node/control-$$c || exit 1; \
@@ -39,5 +41,6 @@ test-talos-controls: extension talos-node-build
 
 # One control (TALOS_NODE_CONTROL=tmpfs, depends or exit; default tmpfs, the defect the node
 # exists to catch): passes only when test.sh fails on it.
+talos-node-control: export TALOS_NODE_KUBERNETES := 0
 talos-node-control: extension talos-node-build
 	hack/talos-node/control.sh $(TALOS_NODE_EXTENSION) $(OUT)/talos-node/control
