@@ -241,3 +241,14 @@ func TestPatchesOnConfigFrom113(t *testing.T) {
 	require.Error(t, err)
 	assert.Contains(t, err.Error(), "already set in v1alpha1 config")
 }
+
+// TestInstallImageWarning114: docs/getting-started.md says 1.14's generated config warns of an
+// unset installer image (1.14 publishes no plain installer: its CHANGELOG), and that
+// `--install-image` (generate.WithInstallImage) leaves no warning.
+func TestInstallImageWarning114(t *testing.T) {
+	assert.Equal(t, []string{"installer.image is not set, if Talos is not booted from asset built by Image Factory, installation will fail"}, baseWarnings(t))
+
+	w, err := talospatch.Validate(worker(t, generate.WithInstallImage("registry.example.com/talos/installer:v1.14.1-nvidia")))
+	require.NoError(t, err)
+	assert.Empty(t, w)
+}
