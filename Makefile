@@ -140,8 +140,9 @@ deps:
 # hack/consumers is a module of its own (NVIDIA's device plugin at its own dependency
 # versions, and the e2e's pod-to-OCI translation): vetted and tested from its directory.
 # hack/talos114 too: the product's validators built with Talos 1.14's machinery (the
-# product's go.mod stays on 1.13's).
-TEST_MODULES := . hack/consumers hack/talos114
+# product's go.mod stays on 1.13's), and the 1.14 example patches on 1.14's generated config;
+# hack/talos113: the 1.13 example patches on v1.13.9's generated config.
+TEST_MODULES := . hack/consumers hack/talos113 hack/talos114
 
 # The fast loop: no upstream program built, no node booted.
 check: lint
@@ -171,6 +172,7 @@ lint:
 	go vet ./...
 	go vet -tags simulate ./service
 	cd hack/consumers && go vet ./...
+	cd hack/talos113 && go vet ./...
 	cd hack/talos114 && go vet ./...
 	cd hack/k8s-node/runtime && go vet ./...
 

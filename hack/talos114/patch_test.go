@@ -3,114 +3,252 @@ package talos114_test
 import (
 	"os"
 	"path/filepath"
+	"strings"
+	"sync"
 	"testing"
 
 	"github.com/siderolabs/talos/pkg/machinery/config"
-	"github.com/siderolabs/talos/pkg/machinery/config/configloader"
-	"github.com/siderolabs/talos/pkg/machinery/config/configpatcher"
 	"github.com/siderolabs/talos/pkg/machinery/config/generate"
-	"github.com/siderolabs/talos/pkg/machinery/config/machine"
 	"github.com/siderolabs/talos/pkg/machinery/config/types/k8s"
-	"github.com/siderolabs/talos/pkg/machinery/config/validation"
-	"github.com/siderolabs/talos/pkg/machinery/constants"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/talos-nvidia/nvidia-driver/internal/talospatch"
 	"github.com/talos-nvidia/nvidia-driver/internal/testutil"
 )
 
-type metal struct{}
-
-func (metal) String() string        { return "metal" }
-func (metal) RequiresInstall() bool { return true }
-func (metal) InContainer() bool     { return false }
-
-// patchWorker loads a patch (none: nil) as talosctl does (strictly) and merges it onto a worker config
-// as 1.14's `talosctl gen config` makes it.
-func patchWorker(t *testing.T, data []byte) config.Provider {
+// example reads docs/examples/<name>.
+func example(t *testing.T, name string) []byte {
 	t.Helper()
 
-	var patches []configpatcher.Patch
+	data, err := os.ReadFile(filepath.Join(testutil.RepoRoot(t), "docs", "examples", name))
+	require.NoError(t, err)
 
-	if data != nil {
-		_, err := configloader.NewFromBytes(data, configloader.WithAllowPatchDelete())
-		require.NoError(t, err)
+	return data
+}
 
-		patch, err := configpatcher.LoadPatch(data)
-		require.NoError(t, err)
+// generated is the worker config 1.14's generate makes, made once: configpatcher merges
+// onto a clone (configpatcher/strategic.go), so every test can start from it.
+var generated = sync.OnceValues(func() (config.Provider, error) { return talospatch.Worker() })
 
-		patches = append(patches, patch)
+// worker is a worker config as 1.14's `talosctl gen config` makes it (with opts, a new one).
+func worker(t *testing.T, opts ...generate.Option) config.Provider {
+	t.Helper()
+
+	var (
+		cfg config.Provider
+		err error
+	)
+
+	if len(opts) == 0 {
+		cfg, err = generated()
+	} else {
+		cfg, err = talospatch.Worker(opts...)
 	}
 
-	input, err := generate.NewInput("gpu", "https://gpu.example.com:6443", constants.DefaultKubernetesVersion,
-		generate.WithInstallDisk("/dev/nvme0n1"))
-	require.NoError(t, err)
-
-	base, err := input.Config(machine.TypeWorker)
-	require.NoError(t, err)
-
-	out, err := configpatcher.Apply(configpatcher.WithConfig(base), patches)
-	require.NoError(t, err)
-
-	cfg, err := out.Config()
 	require.NoError(t, err)
 
 	return cfg
 }
 
-// TestGPUWorkerPatch114: docs/examples/talos-1.14/gpu-worker.patch.yaml loads strictly with
-// 1.14's loader, merges onto a 1.14 worker config and validates strictly without a warning;
-// its modules are KernelModuleConfig documents and .machine.kernel is empty.
-func TestGPUWorkerPatch114(t *testing.T) {
-	data, err := os.ReadFile(filepath.Join(testutil.RepoRoot(t), "docs", "examples", "talos-1.14", "gpu-worker.patch.yaml"))
+// baseWarnings are the warnings of the generated config itself (1.14 warns that
+// installer.image is unset: it publishes its installer through the Image Factory only). A
+// patch may add none.
+func baseWarnings(t *testing.T) []string {
+	t.Helper()
+
+	w, err := talospatch.Validate(worker(t))
+	require.NoError(t, err, "the generated config validates on its own")
+
+	return w
+}
+
+// apply merges the patches onto a 1.14 worker, validates it strictly in metal mode and
+// checks it adds no warning.
+func apply(t *testing.T, patches ...[]byte) config.Provider {
+	t.Helper()
+
+	cfg, warnings, err := talospatch.ApplyAndValidate(worker(t), patches...)
 	require.NoError(t, err)
+	assert.Equal(t, baseWarnings(t), warnings)
 
-	cfg := patchWorker(t, data)
+	return cfg
+}
 
-	// The patch adds no warning to those of the config 1.14 generates (which warns that
-	// installer.image is unset: 1.14 publishes its installer through the Image Factory).
-	baseWarnings, err := patchWorker(t, nil).Validate(metal{}, validation.WithStrict())
-	require.NoError(t, err)
-
-	warnings, err := cfg.Validate(metal{}, validation.WithStrict())
-	require.NoError(t, err)
-	assert.Equal(t, baseWarnings, warnings)
-
-	var modules []string
+func modules(cfg config.Provider) []string {
+	var names []string
 	for _, m := range cfg.KernelModuleConfigs() {
-		modules = append(modules, m.Name())
+		names = append(names, m.Name())
 	}
 
-	assert.ElementsMatch(t, []string{"nvidia", "nvidia_uvm", "nvidia_drm", "nvidia_modeset"}, modules)
-	assert.Nil(t, cfg.RawV1Alpha1().MachineConfig.MachineKernel, "no .machine.kernel: 1.14 deprecates it")
+	return names
+}
 
-	var node *k8s.KubeNodeConfigV1Alpha1
-
-	var kubelet *k8s.KubeletConfigV1Alpha1
+// kubelet is the config's KubeletConfig document (1.14's gen config writes one).
+func kubelet(t *testing.T, cfg config.Provider) *k8s.KubeletConfigV1Alpha1 {
+	t.Helper()
 
 	for _, d := range cfg.Documents() {
-		switch d := d.(type) {
-		case *k8s.KubeNodeConfigV1Alpha1:
-			node = d
-		case *k8s.KubeletConfigV1Alpha1:
-			kubelet = d
+		if d, ok := d.(*k8s.KubeletConfigV1Alpha1); ok {
+			return d
 		}
 	}
 
-	require.NotNil(t, node, "1.14's generated config has a KubeNodeConfig")
-	require.NotNil(t, kubelet, "and a KubeletConfig")
-	// deploy/'s DaemonSets select on this label (siderolabs/talos#12103).
-	assert.Equal(t, "true", node.LabelsConfig["nvidia.com/gpu.present"])
-	assert.Equal(t, []any{map[string]any{"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}}, kubelet.KubeletConfig.Object["registerWithTaints"])
+	require.FailNow(t, "no KubeletConfig document")
+
+	return nil
+}
+
+var registerTaint = []any{map[string]any{"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}}
+
+// escFiles returns the nvidia-driver ExtensionServiceConfig's files by mount path.
+func escFiles(t *testing.T, cfg config.Provider) map[string]string {
+	t.Helper()
+
+	files := map[string]string{}
+
+	for _, ext := range cfg.ExtensionServiceConfigs() {
+		require.Equal(t, "nvidia-driver", ext.Name(), "the extension's service is named nvidia-driver")
+		assert.Empty(t, ext.Environment(), "settings in files, not environment (docs/extension.md)")
+
+		for _, f := range ext.ConfigFiles() {
+			files[f.MountPath()] = f.Content()
+		}
+	}
+
+	return files
+}
+
+// TestExamplePatches114: every patch for 1.14 (docs/examples/talos-1.14/, and those written
+// for both releases) loads strictly with 1.14's loader, merges with 1.14's configpatcher onto
+// the worker config 1.14's generate makes, and validates strictly in metal mode with no
+// warning added; each does what its comment says.
+func TestExamplePatches114(t *testing.T) {
+	checks := map[string]func(t *testing.T, cfg config.Provider){
+		"talos-1.14/gpu-worker.patch.yaml": func(t *testing.T, cfg config.Provider) {
+			assert.ElementsMatch(t, []string{"nvidia", "nvidia_uvm", "nvidia_drm", "nvidia_modeset"}, modules(cfg))
+			assert.Nil(t, cfg.RawV1Alpha1().MachineConfig.MachineKernel, "no .machine.kernel: 1.14 deprecates it") //nolint:staticcheck // checking the deprecated field is unset
+			// deploy/'s DaemonSets select on this label (siderolabs/talos#12103).
+			assert.Equal(t, "true", cfg.K8sNodeConfig().Labels()["nvidia.com/gpu.present"])
+			assert.Equal(t, registerTaint, kubelet(t, cfg).KubeletConfig.Object["registerWithTaints"])
+		},
+		"talos-1.14/mig.patch.yaml": func(t *testing.T, cfg config.Provider) {
+			assert.Equal(t, "mixed", cfg.K8sNodeConfig().Labels()["nvidia.com/device-plugin.config"])
+			assert.Contains(t, escFiles(t, cfg)["/etc/nvidia-driver/config.yaml"], "migLayout: h200-balanced")
+		},
+		"mig-h100.patch.yaml": func(t *testing.T, cfg config.Provider) {
+			assert.Contains(t, escFiles(t, cfg)["/etc/nvidia-driver/config.yaml"], "migLayout: inference-h100")
+		},
+	}
+
+	for _, glob := range []string{"talos-1.14/*.yaml", "*.patch.yaml"} {
+		files, err := filepath.Glob(filepath.Join(testutil.RepoRoot(t), "docs", "examples", glob))
+		require.NoError(t, err)
+
+		for _, f := range files {
+			name := strings.TrimPrefix(f, filepath.Join(testutil.RepoRoot(t), "docs", "examples")+"/")
+			if fi, err := os.Lstat(f); err == nil && fi.Mode()&os.ModeSymlink != 0 {
+				continue // the old path of talos-1.13/gpu-worker.patch.yaml
+			}
+
+			if strings.HasPrefix(name, "talos-1.13/") {
+				continue
+			}
+
+			_, ok := checks[name]
+			assert.True(t, ok, "docs/examples/%s: add a check for it here (or move it under talos-1.13/)", name)
+		}
+	}
+
+	gpuWorker := example(t, "talos-1.14/gpu-worker.patch.yaml")
+
+	for name, check := range checks {
+		t.Run(name, func(t *testing.T) {
+			cfg := apply(t, example(t, name))
+			check(t, cfg)
+
+			if name == "talos-1.14/gpu-worker.patch.yaml" {
+				assert.Empty(t, escFiles(t, cfg), "no document: the service runs with its defaults")
+
+				return
+			}
+
+			// A MIG patch goes onto a GPU worker: both apply, and both do what they say.
+			cfg = apply(t, gpuWorker, example(t, name))
+			checks["talos-1.14/gpu-worker.patch.yaml"](t, cfg)
+			check(t, cfg)
+		})
+	}
+}
+
+// TestMIGPatchSameDocument114: the 1.14 MIG patch's ExtensionServiceConfig is the 1.13 one,
+// byte for byte, so that docs/docs_test.go's checks of it with the service's own loader and
+// the MIG planner (run on the 1.13 patch) hold for it.
+func TestMIGPatchSameDocument114(t *testing.T) {
+	_, esc14, ok := strings.Cut(string(example(t, "talos-1.14/mig.patch.yaml")), "\n---\n")
+	require.True(t, ok)
+	_, esc13, ok := strings.Cut(string(example(t, "talos-1.13/mig.patch.yaml")), "\n---\n")
+	require.True(t, ok)
+	assert.Equal(t, esc13, esc14)
+}
+
+// TestBrokenPatchFails114: a patch that fails 1.14's validation fails this test's helper: a
+// copy of the worker patch with a label value Kubernetes refuses loads and merges, and is
+// refused by KubeNodeConfig's Validate.
+func TestBrokenPatchFails114(t *testing.T) {
+	good := string(example(t, "talos-1.14/gpu-worker.patch.yaml"))
+	broken := strings.Replace(good, `nvidia.com/gpu.present: "true"`, `nvidia.com/gpu.present: "not a label value!"`, 1)
+	require.NotEqual(t, good, broken)
+
+	cfg, err := talospatch.Apply(worker(t), []byte(broken))
+	require.NoError(t, err, "it loads and merges")
+
+	_, err = talospatch.Validate(cfg)
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "invalid node labels")
+
+	// and one with a field KernelModuleConfig does not have fails strict loading
+	_, err = talospatch.Apply(worker(t), []byte(strings.Replace(good, "name: nvidia_drm", "name: nvidia_drm\nparams: []", 1)))
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "params")
 }
 
 // TestGPUWorkerPatch113On114: the 1.13 patch does not apply to a config 1.14 generates,
 // which is why docs/examples/talos-1.14/ has its own.
 func TestGPUWorkerPatch113On114(t *testing.T) {
-	data, err := os.ReadFile(filepath.Join(testutil.RepoRoot(t), "docs", "examples", "gpu-worker.patch.yaml"))
-	require.NoError(t, err)
+	_, _, err := talospatch.ApplyAndValidate(worker(t), example(t, "talos-1.13/gpu-worker.patch.yaml"))
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "kubelet config is already set in v1alpha1 config (.machine.kubelet)")
+}
 
-	cfg := patchWorker(t, data)
-	_, err = cfg.Validate(metal{}, validation.WithStrict())
-	assert.ErrorContains(t, err, "kubelet config is already set in v1alpha1 config (.machine.kubelet)")
+// TestPatchesOnConfigFrom113: a cluster created on 1.13 and upgraded keeps the machine config
+// 1.13's gen config made (`talosctl gen config --talos-version v1.13` makes the same with
+// 1.14's talosctl). On it, 1.14 takes the 1.13 patch (the deprecated keys still work, with the
+// same modules, label and taint), and refuses the 1.14 one, whose KubeletConfig and
+// KubeNodeConfig conflict with that config's .machine.kubelet: the patch to use follows the
+// config's origin, not the Talos version the node runs.
+func TestPatchesOnConfigFrom113(t *testing.T) {
+	from113 := worker(t, generate.WithVersionContract(config.TalosVersion1_13))
+
+	cfg, err := talospatch.Apply(from113, example(t, "talos-1.13/gpu-worker.patch.yaml"))
+	require.NoError(t, err)
+	_, err = talospatch.Validate(cfg)
+	require.NoError(t, err)
+	assert.ElementsMatch(t, []string{"nvidia", "nvidia_uvm", "nvidia_drm", "nvidia_modeset"}, modules(cfg))
+	assert.Equal(t, "true", cfg.K8sNodeConfig().Labels()["nvidia.com/gpu.present"])
+
+	_, _, err = talospatch.ApplyAndValidate(from113, example(t, "talos-1.14/gpu-worker.patch.yaml"))
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "already set in v1alpha1 config")
+}
+
+// TestInstallImageWarning114: docs/getting-started.md says 1.14's generated config warns of an
+// unset installer image (1.14 publishes no plain installer: its CHANGELOG), and that
+// `--install-image` (generate.WithInstallImage) leaves no warning.
+func TestInstallImageWarning114(t *testing.T) {
+	assert.Equal(t, []string{"installer.image is not set, if Talos is not booted from asset built by Image Factory, installation will fail"}, baseWarnings(t))
+
+	w, err := talospatch.Validate(worker(t, generate.WithInstallImage("registry.example.com/talos/installer:v1.14.1-nvidia")))
+	require.NoError(t, err)
+	assert.Empty(t, w)
 }
