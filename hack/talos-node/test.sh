@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The extension on a real Talos v1.13.9 node (hack/talos-node/node.sh), without a GPU, driven
+# The extension on a real Talos node (hack/talos-node/node.sh; TALOS_NODE_VERSION: v1.14.1 by
+# default, or v1.13.9), without a GPU, driven
 # only through talosctl and kubectl. Each check prints what Talos shows (talosctl service /
 # logs) and fails the script (exit 1) when its outcome is not the expected one. The node is
 # made from the docs' worker patch (docs/examples/gpu-worker.patch.yaml) and bootstrapped as a
@@ -12,7 +13,8 @@
 set -uo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
-out=${TALOS_NODE_OUT:-$here/../../_out/talos-node}
+. "$here/release.sh"
+out=$release_out
 ext=$1
 dir=${2:-$(mktemp -d /tmp/talos-node.XXXXXX)}
 mkdir -p "$dir/outputs"
@@ -76,9 +78,10 @@ doc() { # doc FILE VAR=VALUE...: an ExtensionServiceConfig for the service with 
 		for e in "$@"; do printf '  - %s\n' "$e"; done
 	} >"$f"
 }
-# In container mode Talos v1.13.9 writes no document files and so never restarts an extension
-# service for a document: ExtensionServiceConfigFilesController.Run returns at once for
-# ModeContainer (internal/app/machined/pkg/controllers/runtime/extension_service_config_files.go),
+# In container mode Talos (v1.13.9 and v1.14.1 alike) writes no document files and so never
+# restarts an extension service for a document: ExtensionServiceConfigFilesController.Run
+# returns at once for ModeContainer
+# (internal/app/machined/pkg/controllers/runtime/extension_service_config_files.go),
 # and ExtensionServiceController restarts services on the ExtensionServiceConfigStatus it
 # would write. A document reaches the service here as its environment, when the service's runner
 # is made again: talosctl service ext-nvidia-driver restart (docs/talos-node.md).
