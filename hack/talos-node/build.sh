@@ -14,8 +14,9 @@
 #   bin/registry, bin/crane      distribution's registry and go-containerregistry's crane
 #                                (hack/talos-node/registry/go.mod): the images the node pulls
 #                                (hack/talos-node/registry.sh)
-#   guest/                       the KVM/TCG guest's pieces: the Debian kernel, busybox, the
-#                                kernel modules the node uses, and the guest's init
+#   guest/                       the KVM/TCG guest's pieces: the Debian kernel (v1.14.1: 6.18,
+#                                below), busybox, the kernel modules the node uses, and the
+#                                guest's init
 # Rebuilds each part only when its inputs changed. The extension and the machine config are
 # not part of it: hack/talos-node/node.sh adds them when it boots a node.
 set -euo pipefail
@@ -182,8 +183,41 @@ fi
 # needs to lower its services' oom_score_adj; in a VM root has every capability), busybox for
 # the guest's init, runc to run the node as the docker provisioner runs it, and the modules
 # the node's kernel features come from (networking, overlayfs, bridge/netfilter for pods).
-kernel=$(ls /boot/vmlinuz-* | sort -V | tail -1)
-kver=${kernel#/boot/vmlinuz-}
+# v1.13.9: the build machine's own kernel (Debian 12's 6.1). v1.14.1: Debian 13's backported
+# 6.18 kernel (guest_kernel, release.sh: Talos v1.14.1's own kernel is 6.18), downloaded from
+# the suite it is in through the machine's own Debian mirror, with apt state of its own (the
+# machine's apt configuration untouched), and unpacked, not installed: machined v1.14 mounts
+# /etc as an overlay whose lower layer it passes as a file descriptor ("lowerdir+",
+# internal/pkg/mount/v3/helpers.go NewSecureWritableOverlay), which Debian 12's kernels do not
+# take (seen: 6.1 "FSCONFIG_SET_FD failed: operation not supported", 6.12 "bad file
+# descriptor"), and machined stops at "failed to set up /etc overlay".
+if [ -n "$guest_kernel" ]; then
+	kroot=$here/../../.cache/talos-node/$guest_kernel
+	if [ ! -d "$kroot/boot" ]; then
+		a=$kroot.apt
+		rm -rf "$a" && mkdir -p "$a/lists/partial" "$a/cache/archives/partial" "$a/deb"
+		mirror=$(apt-get indextargets --format '$(REPO_URI) $(RELEASE)' | awk '$2 == "bookworm" || $2 == "trixie" { print $1; exit }')
+		[ -n "$mirror" ] || { echo "talos-node: no Debian mirror in the machine's apt sources" >&2; exit 1; }
+		echo "deb [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] $mirror $guest_kernel_suite main" >"$a/sources.list"
+		apt_opts=(-o "Dir::Etc::SourceList=$a/sources.list" -o Dir::Etc::SourceParts=/nonexistent
+			-o "Dir::State::Lists=$a/lists" -o "Dir::Cache=$a/cache" -o Dir::State::status=/dev/null)
+		apt-get -qq "${apt_opts[@]}" update
+		(cd "$a/deb" && apt-get -qq "${apt_opts[@]}" download "$guest_kernel")
+		rm -rf "$kroot.tmp" && dpkg-deb -x "$a"/deb/*.deb "$kroot.tmp"
+		# Debian 13 keeps modules in /usr/lib/modules; Debian 12's depmod and modprobe look in /lib.
+		[ -e "$kroot.tmp/lib" ] || ln -s usr/lib "$kroot.tmp/lib"
+		depmod -b "$kroot.tmp" "${guest_kernel#linux-image-}"
+		rm -rf "$kroot" "$a" && mv "$kroot.tmp" "$kroot"
+	fi
+	kroot=$(cd "$kroot" && pwd)
+	kver=${guest_kernel#linux-image-}
+	kernel=$kroot/boot/vmlinuz-$kver
+	modprobe=(modprobe -d "$kroot" -S "$kver")
+else
+	kernel=$(ls /boot/vmlinuz-* | sort -V | tail -1)
+	kver=${kernel#/boot/vmlinuz-}
+	modprobe=(modprobe -S "$kver")
+fi
 guest_stamp=$(stamp "$here/guest/init" "$here/guest/modules" "$out/.stamp-runtime" <(echo "$kver"))
 if [[ "$(cat "$out/.stamp-guest" 2>/dev/null)" != "$guest_stamp" ]]; then
 	g=$out/guest
@@ -193,14 +227,16 @@ if [[ "$(cat "$out/.stamp-guest" 2>/dev/null)" != "$guest_stamp" ]]; then
 	install -m 0755 /bin/busybox "$g/base/bin/busybox"
 	install -m 0755 "$out/bin/runc" "$g/base/bin/runc"
 	install -m 0755 "$here/guest/init" "$g/base/init"
-	# Each module after those it needs, in load order (modprobe's own resolution).
+	# Each module after those it needs, in load order (modprobe's own resolution); the 6.18
+	# package's modules are xz-compressed, which busybox's insmod does not read.
 	: >"$g/base/mod/order"
 	grep -v '^#' "$here/guest/modules" | while read -r m; do
 		[ -n "$m" ] || continue
-		modprobe -S "$kver" --show-depends "$m" | awk '$1 == "insmod" { print $2 }'
+		"${modprobe[@]}" --show-depends "$m" | awk '$1 == "insmod" { print $2 }'
 	done | awk '!seen[$0]++' | while read -r f; do
-		cp "$f" "$g/base/mod/"
-		basename "$f" >>"$g/base/mod/order"
+		b=$(basename "$f" .xz)
+		if [[ $f == *.xz ]]; then xz -dc "$f" >"$g/base/mod/$b"; else cp "$f" "$g/base/mod/"; fi
+		echo "$b" >>"$g/base/mod/order"
 	done
 	echo "$guest_stamp" >"$out/.stamp-guest"
 fi

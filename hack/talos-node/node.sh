@@ -106,9 +106,10 @@ if [ -n "${TALOS_NODE_REGISTRY_PORT:-}" ]; then
 fi
 
 # The machine config, from talosctl gen config as a user makes it, with the node's own patch
-# (hack/talos-node/node.patch.yaml) and the caller's.
+# (hack/talos-node/node.patch.yaml; v1.14.1: hack/talos-node/v1.14.1/node.patch.yaml) and the
+# caller's.
 rm -rf "$dir/config"
-patches=(--config-patch "@$here/node.patch.yaml")
+patches=(--config-patch "@$node_patch")
 for p in ${TALOS_NODE_PATCHES:-}; do patches+=(--config-patch "@$p"); done
 if [ -n "${TALOS_NODE_REGISTRY_PORT:-}" ]; then
 	# Every registry's images from the test's registry, as a node behind a pull-through mirror

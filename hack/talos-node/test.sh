@@ -3,7 +3,7 @@
 # default, or v1.13.9), without a GPU, driven
 # only through talosctl and kubectl. Each check prints what Talos shows (talosctl service /
 # logs) and fails the script (exit 1) when its outcome is not the expected one. The node is
-# made from the docs' worker patch (docs/examples/gpu-worker.patch.yaml) and bootstrapped as a
+# made from the docs' worker patch (docs/examples/gpu-worker.patch.yaml; v1.14.1: docs/examples/talos-1.14/) and bootstrapped as a
 # user bootstraps one; its images come from hack/talos-node/registry.sh.
 #   test.sh EXTENSION_DIR [STATE_DIR]
 # EXTENSION_DIR: the extension image's directory (make extension: _out/extensions/nvidia-driver-dev).
@@ -107,7 +107,7 @@ fi
 say "boot: the node, with the extension $(basename "$ext"), the docs' worker patch, no ExtensionServiceConfig, no NVIDIA module"
 boot_start=$SECONDS
 if ! TALOS_NODE_REGISTRY_PORT=$registry_port \
-	TALOS_NODE_PATCHES="$top/docs/examples/gpu-worker.patch.yaml ${TALOS_NODE_PATCHES:-}" \
+	TALOS_NODE_PATCHES="$worker_patch ${TALOS_NODE_PATCHES:-}" \
 	"$here/node.sh" start "$dir" "$ext"; then
 	echo "FAIL: the node did not come up"
 	exit 1
