@@ -12,11 +12,13 @@
 #   make check    the fast loop: gofmt, vet and the unit tests (-short) of every module
 #   make test     what CI runs (installs what the tests need first): every module's tests in
 #                 full, the real Kubernetes node (test-k8s-node), the simulated GPU node
-#                 (test-k8s-sim), the real Talos node's document and reboot checks (test-talos-node)
+#                 (test-k8s-sim), the real Talos node's document and reboot checks (test-talos-node,
+#                 Talos v1.14.1)
+#   make test-talos-node-1.13 the same checks on Talos v1.13.9
 #   make test-talos-k8s       Kubernetes and deploy/ on the real Talos node
 #   make test-talos-controls  the Talos node's three controls, each on its own boot
 #   make test-arm64           the arm64 service, subroot and extension under qemu-user
-#   make test-all             test and the three above
+#   make test-all             test and the four above
 #   make e2e-gpu, hack/k8s-node/gpu-run.sh ...   on a host with an NVIDIA GPU (README)
 
 SHELL := /bin/bash
@@ -165,7 +167,7 @@ test: deps build lint
 	@while [ ! -e $(BG)/talos-node-build.rc ]; do sleep 5; done; cat $(BG)/talos-node-build.log; exit $$(cat $(BG)/talos-node-build.rc)
 	$(MAKE) test-talos-node
 
-test-all: test test-talos-k8s test-talos-controls test-arm64
+test-all: test test-talos-node-1.13 test-talos-k8s test-talos-controls test-arm64
 
 lint:
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt would change:"; echo "$$out"; exit 1; fi

@@ -222,7 +222,7 @@ func TestExamplePods(t *testing.T) {
 var (
 	fence     = regexp.MustCompile("^```")
 	repoPath  = regexp.MustCompile("(?:^|[\\s`(])((?:deploy|docs|hack|pkg)/[A-Za-z0-9_./-]*[A-Za-z0-9_])")
-	makeCall  = regexp.MustCompile("(?m)(?:`|^\\s*)make ([a-z][a-z0-9-]*)") // in code, not prose
+	makeCall  = regexp.MustCompile("(?m)(?:`|^\\s*)make ([a-z](?:[a-z0-9.-]*[a-z0-9])?)") // in code, not prose; test-talos-node-1.13
 	patchLike = regexp.MustCompile(`(?m)^(machine|cluster):|^kind: (ExtensionServiceConfig|KernelModuleConfig|KubeletConfig|KubeNodeConfig)`)
 )
 
@@ -328,7 +328,8 @@ func makeTargets(t *testing.T) []string {
 		}
 		require.NoError(t, err)
 		for _, line := range strings.Split(string(data), "\n") {
-			if name, _, ok := strings.Cut(line, ":"); ok && !strings.ContainsAny(name, " \t=$#.") && name != "" {
+			// Not .PHONY and the like, pattern rules or variables; a dot inside a name is fine.
+			if name, _, ok := strings.Cut(line, ":"); ok && !strings.ContainsAny(name, " \t=$#%") && name != "" && !strings.HasPrefix(name, ".") {
 				targets = append(targets, name)
 			}
 		}

@@ -1,12 +1,16 @@
-# A real Talos v1.13.9 node (machined and talosctl from Talos's Go module) running the
-# extension, in container mode inside a qemu guest (hack/talos-node, docs/talos-node.md). The
+# A real Talos node (machined and talosctl from Talos's Go module) running the extension, in
+# container mode inside a qemu guest (hack/talos-node, docs/talos-node.md), at Talos v1.14.1;
+# TALOS_NODE_VERSION=v1.13.9 picks the release before (hack/talos-node/release.sh). The
 # top-level Makefile includes this file. make test runs test-talos-node (the document and
-# reboot checks); Kubernetes on the node and the three controls each boot the node again and
-# are their own targets (test-talos-k8s, test-talos-controls); docs/talos-node.md gives the times.
+# reboot checks) on v1.14.1; the same on v1.13.9 (test-talos-node-1.13), Kubernetes on the
+# node and the three controls each boot the node again and are their own targets
+# (test-talos-k8s, test-talos-controls); docs/talos-node.md gives the times.
 
-.PHONY: talos-node-build talos-node test-talos-node test-talos-k8s talos-node-control test-talos-controls
+.PHONY: talos-node-build talos-node test-talos-node test-talos-node-1.13 test-talos-k8s talos-node-control test-talos-controls
 
 TALOS_NODE_EXTENSION ?= $(OUT)/extensions/nvidia-driver-dev-debian
+export TALOS_NODE_VERSION ?= v1.14.1
+TALOS_NODE_RUN = $(OUT)/talos-node/$(TALOS_NODE_VERSION)
 
 # machined, talosctl, the node runtime (from hack/k8s-node/build.sh), the node's rootfs and
 # the guest; the registry too unless TALOS_NODE_KUBERNETES=0.
@@ -15,15 +19,22 @@ talos-node-build:
 	hack/talos-node/build.sh
 
 # The checks of hack/talos-node/test.sh against the extension as make extension builds it,
-# Kubernetes included (its images from hack/k8s-node: make k8s-node).
+# Kubernetes included (its images from hack/k8s-node: make k8s-node). On Talos v1.13.9 for
+# now: hack/k8s-node builds Kubernetes 1.36.3, v1.13.9's, and hack/talos-node/k8s.patch.yaml is
+# in 1.13's documents (v1.14.1 refuses them next to its own; docs/talos-node.md).
+talos-node: export TALOS_NODE_VERSION := v1.13.9
 talos-node: extension talos-node-build k8s-node
-	hack/talos-node/test.sh $(TALOS_NODE_EXTENSION) $(OUT)/talos-node/run
+	hack/talos-node/test.sh $(TALOS_NODE_EXTENSION) $(TALOS_NODE_RUN)/run
 
 # What make test runs: boot with no document and no module, a first, a changed, a removed and
 # a bad document, a reboot; no Kubernetes (no registry, no bootstrap).
 test-talos-node: export TALOS_NODE_KUBERNETES := 0
 test-talos-node: extension talos-node-build
-	hack/talos-node/test.sh $(TALOS_NODE_EXTENSION) $(OUT)/talos-node/run
+	hack/talos-node/test.sh $(TALOS_NODE_EXTENSION) $(TALOS_NODE_RUN)/run
+
+# The same checks on Talos v1.13.9, the release before (its own build, _out/talos-node/v1.13.9).
+test-talos-node-1.13:
+	$(MAKE) --no-print-directory test-talos-node TALOS_NODE_VERSION=v1.13.9
 
 # The same checks with Kubernetes and deploy/ on the node (bootstrap, the node Ready with the
 # patch's label and taint, deploy/'s DaemonSets scheduled, the plugin held by its wait).
@@ -36,11 +47,11 @@ TALOS_NODE_CONTROLS ?= tmpfs depends exit
 test-talos-controls: export TALOS_NODE_KUBERNETES := 0
 test-talos-controls: extension talos-node-build
 	for c in $(TALOS_NODE_CONTROLS); do \
-		TALOS_NODE_CONTROL=$$c hack/talos-node/control.sh $(TALOS_NODE_EXTENSION) $(OUT)/talos-node/control-$$c || exit 1; \
+		TALOS_NODE_CONTROL=$$c hack/talos-node/control.sh $(TALOS_NODE_EXTENSION) $(TALOS_NODE_RUN)/control-$$c || exit 1; \
 	done
 
 # One control (TALOS_NODE_CONTROL=tmpfs, depends or exit; default tmpfs, the defect the node
 # exists to catch): passes only when test.sh fails on it.
 talos-node-control: export TALOS_NODE_KUBERNETES := 0
 talos-node-control: extension talos-node-build
-	hack/talos-node/control.sh $(TALOS_NODE_EXTENSION) $(OUT)/talos-node/control
+	hack/talos-node/control.sh $(TALOS_NODE_EXTENSION) $(TALOS_NODE_RUN)/control

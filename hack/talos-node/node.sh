@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Boots one Talos v1.13.9 node (control plane, allowSchedulingOnControlPlanes) in container mode
+# Boots one Talos node at the release TALOS_NODE_VERSION names (default v1.14.1, or v1.13.9;
+# release.sh) (control plane, allowSchedulingOnControlPlanes) in container mode
 # inside a virtual machine, with the given extensions' files in its root filesystem, and waits
 # until its API answers talosctl. Everything after that goes through talosctl.
 #   node.sh start DIR [EXTENSION_DIR...]   DIR: the node's state (talosconfig, console.log, qemu pid)
@@ -9,7 +10,7 @@
 #   node.sh stop DIR
 # EXTENSION_DIR: an extension image's directory as `make extension` writes it (its rootfs/ goes
 # to the node's /, as Talos puts an extension's files on a node).
-# Environment: TALOS_NODE_OUT (default _out/talos-node, from build.sh), TALOS_NODE_PATCHES
+# Environment: TALOS_NODE_OUT (default _out/talos-node/<version>, from build.sh), TALOS_NODE_PATCHES
 # (machine config patch files, space-separated), TALOS_NODE_MEM (MiB, default 6144),
 # TALOS_NODE_REGISTRY_PORT (the port of hack/talos-node/registry.sh on 127.0.0.1: every image
 # is pulled from it, through a RegistryMirrorConfig "*"; the API server's 6443 is then
@@ -18,7 +19,8 @@
 set -euo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
-out=${TALOS_NODE_OUT:-$here/../../_out/talos-node}
+. "$here/release.sh"
+out=$release_out
 mem=${TALOS_NODE_MEM:-6144}
 cpus=2
 accel=${TALOS_NODE_ACCEL:-tcg,thread=multi}
@@ -104,9 +106,10 @@ if [ -n "${TALOS_NODE_REGISTRY_PORT:-}" ]; then
 fi
 
 # The machine config, from talosctl gen config as a user makes it, with the node's own patch
-# (hack/talos-node/node.patch.yaml) and the caller's.
+# (hack/talos-node/node.patch.yaml; v1.14.1: hack/talos-node/v1.14.1/node.patch.yaml) and the
+# caller's.
 rm -rf "$dir/config"
-patches=(--config-patch "@$here/node.patch.yaml")
+patches=(--config-patch "@$node_patch")
 for p in ${TALOS_NODE_PATCHES:-}; do patches+=(--config-patch "@$p"); done
 if [ -n "${TALOS_NODE_REGISTRY_PORT:-}" ]; then
 	# Every registry's images from the test's registry, as a node behind a pull-through mirror
@@ -130,7 +133,8 @@ for e in "$@"; do
 	cp -a "$e/rootfs/." "$stage/talos/rootfs/"
 done
 echo "$name" >"$stage/talos/hostname"
-"$here/spec.sh" "$name" "$dir/config/controlplane.yaml" "$cpus" "$mem" >"$stage/talos/config.json"
+echo "$talos_volumes" >"$stage/talos/volumes"
+"$here/spec.sh" "$name" "$dir/config/controlplane.yaml" "$cpus" "$mem" "$talos_volumes" >"$stage/talos/config.json"
 cpio_of() { (cd "$1" && find . | LC_ALL=C sort | cpio --quiet -o -H newc); }
 if [ ! -f "$out/guest/rootfs.cpio" ] || [ "$out/.stamp-rootfs" -nt "$out/guest/rootfs.cpio" ]; then
 	mkdir -p "$out/guest/rootfs-stage/talos"

@@ -23,7 +23,8 @@ set -euo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
 top=$(cd "$here/../.." && pwd)
-out=${TALOS_NODE_OUT:-$top/_out/talos-node}
+. "$here/release.sh"
+out=$release_out
 k8s=${K8S_NODE_BIN:-$top/_out/k8s-node}
 images=${K8S_NODE_IMAGES:-$top/_out/k8s-node/images}
 cmd=$1 dir=$2

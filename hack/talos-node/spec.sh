@@ -1,16 +1,18 @@
 #!/usr/bin/env bash
-# Prints the runc bundle config.json of a Talos node container, the settings Talos v1.13.9's
-# docker provisioner gives it (pkg/provision/providers/docker/node.go, createNode): privileged
-# (every capability, every device, no seccomp, no masked or read-only paths), a read-only root
-# filesystem, tmpfs at /run, /system and /tmp, volumes at /var, /system/state and each path of
-# constants.Overlays (/etc/cni, /etc/kubernetes, /usr/libexec/kubernetes, /opt), and the
-# environment PLATFORM=container, TALOSSKU and USERDATA (the machine config, base64). The
+# Prints the runc bundle config.json of a Talos node container, the settings Talos's docker
+# provisioner gives it (pkg/provision/providers/docker/node.go, createNode; the same in v1.13.9
+# and v1.14.1 but for its volumes): privileged (every capability, every device, no seccomp, no
+# masked or read-only paths), a read-only root filesystem, tmpfs at /run, /system and /tmp,
+# volumes at /var, /system/state and each path of constants.Overlays (VOLUMES, from
+# release.sh), and the environment PLATFORM=container, TALOSSKU and USERDATA (the machine
+# config, base64). The
 # volumes and Docker's /etc/hostname, /etc/hosts, /etc/resolv.conf binds are directories of the
 # guest (hack/talos-node/guest/init makes them). The entrypoint is the image's: /sbin/init
 # (Talos's Dockerfile, target talos).
-#   spec.sh HOSTNAME MACHINE_CONFIG_FILE CPUS MEMORY_MIB
+#   spec.sh HOSTNAME MACHINE_CONFIG_FILE CPUS MEMORY_MIB VOLUMES
+# VOLUMES: the volumes' paths without the leading /, space-separated ("var system/state opt").
 set -euo pipefail
-name=$1 config=$2 cpus=$3 mem=$4
+name=$1 config=$2 cpus=$3 mem=$4 volumes=$5
 userdata=$(base64 -w0 "$config")
 
 caps=$(for c in CHOWN DAC_OVERRIDE DAC_READ_SEARCH FOWNER FSETID KILL SETGID SETUID SETPCAP \
@@ -30,9 +32,8 @@ mounts=$(
 	for p in /run /system /tmp; do
 		printf '{"destination":"%s","type":"tmpfs","source":"tmpfs","options":["rw","nosuid","nodev","mode=755"]},' "$p"
 	done
-	for p in /var /system/state /etc/cni /etc/kubernetes /usr/libexec/kubernetes /opt; do
-		v=${p#/}
-		bind "$p" "/vol/${v//\//-}"
+	for v in $volumes; do
+		bind "/$v" "/vol/${v//\//-}"
 	done
 	for f in hostname hosts resolv.conf; do bind "/etc/$f" "/vol/etc-files/$f"; done
 )

@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
-# The extension on a real Talos v1.13.9 node (hack/talos-node/node.sh), without a GPU, driven
+# The extension on a real Talos node (hack/talos-node/node.sh; TALOS_NODE_VERSION: v1.14.1 by
+# default, or v1.13.9), without a GPU, driven
 # only through talosctl and kubectl. Each check prints what Talos shows (talosctl service /
 # logs) and fails the script (exit 1) when its outcome is not the expected one. The node is
-# made from the docs' worker patch (docs/examples/gpu-worker.patch.yaml) and bootstrapped as a
-# user bootstraps one; its images come from hack/talos-node/registry.sh.
+# made from the docs' worker patch (docs/examples/gpu-worker.patch.yaml; v1.14.1:
+# docs/examples/talos-1.14/gpu-worker.patch.yaml) and bootstrapped as a user bootstraps one;
+# its images come from hack/talos-node/registry.sh.
 #   test.sh EXTENSION_DIR [STATE_DIR]
 # EXTENSION_DIR: the extension image's directory (make extension: _out/extensions/nvidia-driver-dev).
 # TALOS_NODE_KEEP=1 leaves the node running at the end. TALOS_NODE_KUBERNETES=0 leaves out the
@@ -12,7 +14,8 @@
 set -uo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
-out=${TALOS_NODE_OUT:-$here/../../_out/talos-node}
+. "$here/release.sh"
+out=$release_out
 ext=$1
 dir=${2:-$(mktemp -d /tmp/talos-node.XXXXXX)}
 mkdir -p "$dir/outputs"
@@ -55,6 +58,9 @@ until_ok() {
 	done
 }
 running() { [ "$(state)" = Running ]; }
+# machined's log of the services its boot still waits for (both releases' wording, below).
+waits='service "[^"]+" to be ("up"|up/finished|registered)'
+
 logged() { logs | grep -q -- "$1"; }
 # The service's log since its last start.
 last_run() { logs | awk '/msg=starting version=/ { run = "" } { run = run $0 "\n" } END { printf "%s", run }'; }
@@ -76,9 +82,10 @@ doc() { # doc FILE VAR=VALUE...: an ExtensionServiceConfig for the service with 
 		for e in "$@"; do printf '  - %s\n' "$e"; done
 	} >"$f"
 }
-# In container mode Talos v1.13.9 writes no document files and so never restarts an extension
-# service for a document: ExtensionServiceConfigFilesController.Run returns at once for
-# ModeContainer (internal/app/machined/pkg/controllers/runtime/extension_service_config_files.go),
+# In container mode Talos (v1.13.9 and v1.14.1 alike) writes no document files and so never
+# restarts an extension service for a document: ExtensionServiceConfigFilesController.Run
+# returns at once for ModeContainer
+# (internal/app/machined/pkg/controllers/runtime/extension_service_config_files.go),
 # and ExtensionServiceController restarts services on the ExtensionServiceConfigStatus it
 # would write. A document reaches the service here as its environment, when the service's runner
 # is made again: talosctl service ext-nvidia-driver restart (docs/talos-node.md).
@@ -104,7 +111,7 @@ fi
 say "boot: the node, with the extension $(basename "$ext"), the docs' worker patch, no ExtensionServiceConfig, no NVIDIA module"
 boot_start=$SECONDS
 if ! TALOS_NODE_REGISTRY_PORT=$registry_port \
-	TALOS_NODE_PATCHES="$top/docs/examples/gpu-worker.patch.yaml ${TALOS_NODE_PATCHES:-}" \
+	TALOS_NODE_PATCHES="$worker_patch ${TALOS_NODE_PATCHES:-}" \
 	"$here/node.sh" start "$dir" "$ext"; then
 	echo "FAIL: the node did not come up"
 	exit 1
@@ -128,7 +135,7 @@ else
 	echo "FAIL: $svc is not Running after ${wait_s} s:"
 	capture boot-no-document
 	echo "machined's last list of services the boot waits for:"
-	t logs machined 2>&1 | grep 'to be "up"' | tail -1
+	t logs machined 2>&1 | grep -E "$waits" | tail -1
 	echo "talos-node: FAIL"
 	exit 1
 fi
@@ -138,12 +145,17 @@ t service ext-nvidia-fabricmanager >"$dir/outputs/fabricmanager-boot.txt" 2>&1 |
 t service >"$dir/outputs/services.txt" 2>&1
 sed 's/^/    /' "$dir/outputs/services.txt"
 # machined's boot sequence waits for every loaded service to be up (StartAllServices,
-# internal/app/machined/pkg/runtime/v1alpha1/v1alpha1_sequencer_tasks.go) and logs every 15 s
-# the conditions it still waits for ('service "x" to be "up"'); no extension service may be
-# among them (a depends that never comes true holds the boot for constants.BootTimeout).
+# internal/app/machined/pkg/runtime/v1alpha1/v1alpha1_sequencer_tasks.go), logs "waiting for N
+# services", then every 15 s the conditions it still waits for (system/service_events.go:
+# v1.13.9 'service "x" to be "up"', v1.14.1 'service "x" to be up/finished', both 'to be
+# registered' before the service is); no extension service may be among them (a depends that
+# never comes true holds the boot for constants.BootTimeout).
 sleep 20 # one more of machined's 15 s reports
 t logs machined >"$dir/outputs/machined.log" 2>&1
-last_wait=$(grep 'to be \"up\"\|to be "up"' "$dir/outputs/machined.log" | tail -1)
+grep -E 'waiting for [0-9]+ services|sequence: done' "$dir/outputs/machined.log" | sed 's/^/    /'
+grep -Eq 'waiting for [0-9]+ services' "$dir/outputs/machined.log" ||
+	fail "machined's log does not show its boot's wait for services (StartAllServices)"
+last_wait=$(grep -E "$waits" "$dir/outputs/machined.log" | tail -1)
 echo "machined's last list of services the boot waits for: ${last_wait:-none}"
 if grep -q 'ext-' <<<"$last_wait"; then
 	fail "machined's boot sequence waits for an extension service"
@@ -152,6 +164,35 @@ if ! logged 'waiting for the nvidia kernel module'; then
 	fail "the service does not say it waits for the nvidia kernel module"
 fi
 logs | tail -5 | sed 's/^/    /'
+
+if [ "$TALOS_NODE_VERSION" != v1.13.9 ]; then
+	say "workload isolation: the machine config asks for it; container mode runs no sandboxd"
+	# talosctl gen config v1.14 writes SecurityProfileConfig workloadIsolation: true for a new
+	# cluster (machinery config/generate/security_profile.go). machined starts sandboxd, and
+	# cri inside its namespaces, only when sandboxd.Enabled: false in container mode whatever
+	# the document says (internal/app/machined/pkg/sandboxd/enabled.go: InContainer). So here
+	# the node must have the document, no sandboxd service and cri Running; a sandboxd on this
+	# node means that premise changed and the check must be revisited.
+	t get machineconfig -o yaml >"$dir/outputs/machineconfig.yaml" 2>&1
+	if grep -A6 '^ *kind: SecurityProfileConfig$' "$dir/outputs/machineconfig.yaml" | grep -q 'workloadIsolation: true'; then
+		echo "the node's machine config: SecurityProfileConfig workloadIsolation: true"
+	else
+		fail "the node's machine config has no SecurityProfileConfig with workloadIsolation: true"
+	fi
+	if t service sandboxd >"$dir/outputs/sandboxd.txt" 2>&1; then
+		sed 's/^/    /' "$dir/outputs/sandboxd.txt"
+		fail "sandboxd is registered in container mode"
+	elif grep -q 'service "sandboxd" is not registered' "$dir/outputs/sandboxd.txt"; then
+		echo "talosctl service sandboxd: $(cat "$dir/outputs/sandboxd.txt")"
+	else
+		fail "talosctl service sandboxd failed otherwise than not registered: $(cat "$dir/outputs/sandboxd.txt")"
+	fi
+	if t service cri 2>/dev/null | awk '$1 == "STATE" { print $2 }' | grep -qx Running; then
+		echo "cri Running, without sandboxd (the host's PID and mount namespaces)"
+	else
+		fail "cri is not Running: $(t service cri 2>&1 | tr -s ' \n' ' ')"
+	fi
+fi
 
 say "first document: added to the running node; Talos keeps the service running; a restart gives it the document"
 starts=$(count 'msg=starting version=')

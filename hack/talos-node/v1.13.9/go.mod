@@ -1,4 +1,5 @@
-// machined and talosctl of Talos v1.13.9, built from Talos's main module (hack/talos-node).
+// machined and talosctl of Talos v1.13.9, built from Talos's main module (hack/talos-node,
+// TALOS_NODE_VERSION=v1.13.9).
 // Talos's own go.mod with these changes, so the module resolves from the Go module proxy:
 //   - the nested pkg/machinery replace (a path inside Talos's repository) becomes a require of
 //     github.com/siderolabs/talos/pkg/machinery v1.13.9;
@@ -6,7 +7,7 @@
 //     upstream containerd/v2 at the version Talos requires (v2.2.4);
 //   - github.com/siderolabs/go-kubernetes v0.2.38 and go.etcd.io/etcd/etcdutl/v3 v3.6.12 are not
 //     served: v0.2.39 and v3.6.10 are.
-module github.com/talos-nvidia/nvidia-driver/hack/talos-node
+module github.com/talos-nvidia/nvidia-driver/hack/talos-node/v1.13.9
 
 go 1.26.6
 
