@@ -8,8 +8,8 @@
 # Checks, each PASS or FAIL:
 #   - the operator's images packed and imported; the chart as rendered applied server-side;
 #   - the node found as a GPU node (the operator labels it nvidia.com/gpu.present): on the GPU
-#     host from NFD v0.18.2's PCI label, on the simulated node from that label set by hand (its
-#     GPUs have no PCI functions for NFD to find);
+#     host from NFD v0.18.2's PCI and OS labels, on the simulated node from those labels set by
+#     hand (its GPUs have no PCI functions for NFD to find; no NFD runs there);
 #   - the operator's Deployment available; the ClusterPolicy's status.state `ready`;
 #   - every pod in the operator's namespace Ready (or Succeeded, for the validator's workload
 #     pods);
@@ -77,8 +77,13 @@ done
 
 # --- the node as a GPU node
 if [[ $sim == 1 ]]; then
-	kubectl label node "$K8S_NODE" --overwrite feature.node.kubernetes.io/pci-10de.present=true >/dev/null
-	echo "  simulated node: feature.node.kubernetes.io/pci-10de.present=true set by hand (its GPUs have no PCI functions)"
+	# From v26.x the operator also wants NFD's OS labels of every GPU node, even with the driver
+	# off ("failed to retrieve GPU node OS info: unable to retrieve OS name from label
+	# feature.node.kubernetes.io/system-os_release.ID"): here the values NFD gives a Talos node
+	# of the version whose configuration this node copies.
+	kubectl label node "$K8S_NODE" --overwrite feature.node.kubernetes.io/pci-10de.present=true \
+		feature.node.kubernetes.io/system-os_release.ID=talos feature.node.kubernetes.io/system-os_release.VERSION_ID=v1.13.9 >/dev/null
+	echo "  simulated node: NFD's labels pci-10de.present=true (its GPUs have no PCI functions) and system-os_release ID=talos VERSION_ID=v1.13.9 set by hand"
 else
 	. "$here/nfd.sh"
 	nfd_deploy
