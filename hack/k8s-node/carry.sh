@@ -38,7 +38,7 @@ mkdir -p "$dest"
 # and node.tar.xz must stay under 64 MiB.
 pack() { # NAME DICT: the tar of the paths on stdin, as DEST/NAME.tar.xz, unless it is unchanged
 	local name=$1 dict=$2 sum
-	tar -T - --sort=name --exclude=_out/k8s-node/images/rootfs/device-plugin/usr/bin/gpu-feature-discovery -cf "$dest/$name.tar"
+	tar --exclude=_out/k8s-node/images/rootfs/device-plugin/usr/bin/gpu-feature-discovery -T - --sort=name -cf "$dest/$name.tar"
 	sum=$(sha256sum <"$dest/$name.tar" | cut -c1-64)
 	if [[ -f $dest/$name.tar.xz && $(cat "$dest/$name.tar.sha256" 2>/dev/null) == "$sum" ]]; then
 		echo "carry: $name.tar unchanged" >&2
