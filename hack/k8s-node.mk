@@ -1,6 +1,6 @@
 # The one-node Kubernetes test cluster (hack/k8s-node). The top-level Makefile includes this file.
 
-.PHONY: k8s-node test-k8s-node test-k8s-sim
+.PHONY: k8s-node test-k8s-node test-k8s-sim test-k8s-sim-operator
 
 # kubelet, control plane, kubectl, etcd, containerd, runc and CNI plugins at Talos v1.13.9's
 # versions, built from their Go modules, and the node's images (pause, device plugin, NFD, base),
@@ -23,3 +23,12 @@ test-k8s-node: k8s-node
 # through NFD's labels, end to end (sim-pause.sh; docs/mig.md section 5).
 test-k8s-sim: k8s-node build
 	hack/k8s-node/sim-run.sh
+
+# NVIDIA's GPU Operator, setup 1 (deploy/gpu-operator/values-cdi.yaml: driver and toolkit off,
+# CDI on), on the simulated GPU node: the operator and its validator at the module proxy's
+# newest version, the device plugin and GFD v0.19.0, built from source and the chart rendered
+# with helm (hack/gpu-operator/build.sh); the ClusterPolicy, every operand, the validator's
+# checks, allocatable and GFD's labels (hack/k8s-node/test-operator.sh; docs/gpu-operator.md).
+test-k8s-sim-operator: k8s-node build deploy-tools
+	hack/gpu-operator/build.sh
+	hack/k8s-node/sim-run.sh hack/k8s-node/test-operator.sh

@@ -5,8 +5,13 @@
 #                      Kubernetes' own pause.c (k8s.io/kubernetes build/pause/linux), static
 #   device-plugin.tar  nvcr.io/nvidia/k8s-device-plugin:v0.19.0, laid out as NVIDIA's image
 #                      (deployments/container/Dockerfile in the plugin's module): the plugin,
-#                      config-manager and mps-control-daemon in /usr/bin, on a distroless glibc base with busybox
-#                      at /busybox and /bin/sh -> /busybox/sh, NVIDIA's environment
+#                      config-manager, mps-control-daemon and gpu-feature-discovery (in the same
+#                      module and image since v0.15) in /usr/bin, on a distroless glibc base with
+#                      busybox at /busybox and /bin/sh -> /busybox/sh, NVIDIA's environment; plus
+#                      Debian's bash-static at /bin/bash, which NVIDIA's image does not have: the
+#                      GPU Operator's device plugin DaemonSet up to 2025-09 runs its entrypoint
+#                      with /bin/bash (assets/state-device-plugin, the module proxy's newest
+#                      operator; NVIDIA's own plugin images of that time were UBI-based)
 #   validator.tar      talos-nvidia/gpu-operator-validator:test: the GPU Operator's
 #                      nvidia-validator (hack/k8s-node/validator/go.mod, CGO off as its Makefile
 #                      builds it) in /usr/bin on the same base (NVIDIA's is UBI with bash)
@@ -104,6 +109,10 @@ if ! (cd "$W/deb" && apt-get -q -o APT::Sandbox::User=root download busybox-stat
 fi
 dpkg -x "$W"/deb/busybox-static_*.deb "$W/deb/x"
 install -m 0755 "$W/deb/x/bin/busybox" "$out/busybox"
+# bash, static, for the device plugin's image (see device-plugin.tar above).
+(cd "$W/deb" && apt-get -q -o APT::Sandbox::User=root download bash-static >&2)
+dpkg -x "$W"/deb/bash-static_*.deb "$W/deb/b"
+install -m 0755 "$W/deb/b/bin/bash-static" "$out/bash"
 
 env_path=PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin:/busybox
 
@@ -116,7 +125,9 @@ pkg=github.com/NVIDIA/k8s-device-plugin
 ver=$(cd "$here/plugin" && go list -m -f '{{.Version}}' $pkg)
 (cd "$here/plugin" && CGO_ENABLED=1 go build -trimpath -o "$R/device-plugin/usr/bin/" -ldflags "-s -w \
 	'-extldflags=-Wl,--export-dynamic -Wl,--unresolved-symbols=ignore-in-object-files' \
-	-X $pkg/internal/info.version=$ver" $pkg/cmd/nvidia-device-plugin $pkg/cmd/config-manager $pkg/cmd/mps-control-daemon)
+	-X $pkg/internal/info.version=$ver" $pkg/cmd/nvidia-device-plugin $pkg/cmd/config-manager $pkg/cmd/mps-control-daemon \
+	$pkg/cmd/gpu-feature-discovery)
+install -m 0755 "$out/bash" "$R/device-plugin/bin/bash"
 mkdir -p "$R/device-plugin/licenses"
 cp "$(cd "$here/plugin" && go list -m -f '{{.Dir}}' $pkg)/LICENSE" "$R/device-plugin/licenses/"
 flags device-plugin -ref "nvcr.io/nvidia/k8s-device-plugin:$ver" -entrypoint nvidia-device-plugin \

@@ -3,8 +3,9 @@
 # NVIDIA's: a copy of SUBROOT (default _out/subroot-debian, `make subroot`) whose
 # libnvidia-ml.so.<version> is this library under the same name, so that the driver version
 # (read from that name by pkg/driverroot, reported by NVML, used by nvcdi to find the other
-# libraries) stays the subroot's. Also builds the node tool (hack/simnvml/node), the MIG
-# listing (migls) and the /proc/driver hook (prochook).
+# libraries) stays the subroot's, and whose usr/bin/nvidia-smi is a stand-in (hack/simnvml/smi).
+# Also builds the node tool (hack/simnvml/node), the MIG listing (migls) and the /proc/driver
+# hook (prochook).
 #
 #   hack/simnvml/build.sh [SUBROOT [OUT]]      OUT default _out/subroot-sim
 set -euo pipefail
@@ -17,12 +18,17 @@ go build -trimpath -buildmode=c-shared -ldflags '-s -w' -o _out/simnvml/libnvidi
 go build -trimpath -ldflags '-s -w' -o _out/bin/simnvml-node ./hack/simnvml/node
 go build -trimpath -ldflags '-s -w' -o _out/bin/simnvml-migls ./hack/simnvml/migls
 CGO_ENABLED=0 go build -trimpath -ldflags '-s -w' -o _out/bin/simnvml-prochook ./hack/simnvml/prochook
+go build -trimpath -ldflags '-s -w' -o _out/bin/simnvml-smi ./hack/simnvml/smi
 real=$(basename "$(readlink -f "$src/usr/lib64/libnvidia-ml.so.1")")
 [[ $real == libnvidia-ml.so.* ]] || { echo "simnvml: $src has no libnvidia-ml.so.1" >&2; exit 1; }
 rm -rf "$out.new"
 cp -a "$src" "$out.new"
 chmod u+w "$out.new/usr/lib64"
 install -m 0755 _out/simnvml/libnvidia-ml.so "$out.new/usr/lib64/$real"
+# NVIDIA's nvidia-smi refuses the simulated library; its stand-in (hack/simnvml/smi) lists the
+# GPUs through NVML, for the GPU Operator's validator (hack/k8s-node/test-operator.sh).
+chmod u+w "$out.new/usr/bin"
+install -m 0755 _out/bin/simnvml-smi "$out.new/usr/bin/nvidia-smi"
 echo "simnvml $(cat "$src/usr/share/nvidia-driver/source" 2>/dev/null)" | (chmod u+w "$out.new/usr/share/nvidia-driver" "$out.new/usr/share/nvidia-driver/source" && cat >"$out.new/usr/share/nvidia-driver/source")
 chmod -R go-w "$out.new"
 rm -rf "$out"
