@@ -116,7 +116,7 @@ if [ -n "${TALOS_NODE_REGISTRY_PORT:-}" ]; then
 	# gets them (machinery config/types/cri/registry_mirror.go: name "*" applies to all).
 	printf 'apiVersion: v1alpha1\nkind: RegistryMirrorConfig\nname: "*"\nendpoints:\n  - url: http://10.0.2.2:%s\nskipFallback: true\n' \
 		"$TALOS_NODE_REGISTRY_PORT" >"$dir/mirror.patch.yaml"
-	patches+=(--config-patch "@$here/k8s.patch.yaml" --config-patch "@$dir/mirror.patch.yaml")
+	patches+=(--config-patch "@$k8s_patch" --config-patch "@$dir/mirror.patch.yaml")
 fi
 "$talosctl" gen config "$name" https://10.0.2.15:6443 --output "$dir/config" \
 	--with-docs=false --with-examples=false "${patches[@]}" >/dev/null

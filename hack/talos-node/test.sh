@@ -58,8 +58,9 @@ until_ok() {
 	done
 }
 running() { [ "$(state)" = Running ]; }
-# machined's log of the services its boot still waits for (both releases' wording, below).
-waits='service "[^"]+" to be ("up"|up/finished|registered)'
+# machined's log of the services its boot still waits for (both releases' wording, below): the
+# lines of its startAllServices task, not a service's own "Waiting for service ..." events.
+waits='startAllServices.* service "[^"]+" to be ("up"|up/finished|registered)'
 
 logged() { logs | grep -q -- "$1"; }
 # The service's log since its last start.
