@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # NVIDIA's GPU Operator, setup 1 (deploy/gpu-operator/values-cdi.yaml: driver and toolkit off,
-# CDI on), on a real Kubernetes node where the extension's service has brought the GPUs up.
+# CDI on) or setup 2 (values-nri.yaml: the toolkit in NRI plugin mode; the chart as
+# hack/gpu-operator/build.sh rendered it with GPU_OPERATOR_VALUES, the node with
+# K8S_NODE_NRI=1), on a real Kubernetes node where the extension's service has brought the GPUs up.
 # Run inside hack/k8s-node/cluster.sh -gpu: on the simulated GPU node by
 # `hack/k8s-node/sim-run.sh hack/k8s-node/test-operator.sh` (make test-k8s-sim-operator), on
 # the GPU test host by hack/k8s-node/gpu-operator.sh (gpu-run.sh). Needs _out/gpu-operator
@@ -13,6 +15,8 @@
 #   - the operator's Deployment available; the ClusterPolicy's status.state `ready`;
 #   - every pod in the operator's namespace Ready (or Succeeded, for the validator's workload
 #     pods);
+#   - setup 2: containerd's NRI socket there; the toolkit's pod installed (its management CDI
+#     spec in /var/run/cdi, naming nvidia-smi) and its NRI plugin registered;
 #   - the validator's driver, toolkit, cuda and plugin init containers passed (their logs and the
 #     status files they write in /run/nvidia/validations);
 #   - the node reports nvidia.com/gpu allocatable, one per GPU of the service's status;
@@ -43,6 +47,11 @@ echo "  driver root: $(cat /run/nvidia/driver/usr/share/nvidia-driver/source 2>/
 echo "  built: $(tr '\n' ';' <"$go_out/versions" 2>/dev/null)"
 ngpu=$(python3 -c 'import json; print(len(json.load(open("/run/nvidia-driver/status.json")).get("gpus") or []))' 2>/dev/null)
 echo "  the service's status: ${ngpu:-no} GPUs"
+values=$(sed -n 's/^values //p' "$go_out/versions" 2>/dev/null)
+values=${values:-deploy/gpu-operator/values-cdi.yaml}
+nri=0
+grep -q '^ *nriPluginEnabled: true' "$go_out/gpu-operator.yaml" 2>/dev/null && nri=1
+echo "  values: $values; toolkit NRI plugin mode: $nri"
 . "$here/workload.sh"
 
 # --- the images, packed from their root filesystems as images.sh packs
@@ -117,7 +126,10 @@ check "the chart's CRDs applied and established" sh -c "kubectl apply --server-s
 # on create but that server-side apply rejects ("spec.validator.plugin ... must be of type
 # object"). -n: helm template leaves namespaced objects without a namespace, which helm install
 # gives them from --namespace.
-check "kubectl apply -f $(basename "$manifest") (the chart rendered with deploy/gpu-operator/values-cdi.yaml)" \
+if [[ $nri == 1 ]]; then
+	check "containerd's NRI socket /var/run/nri/nri.sock is there (K8S_NODE_NRI=1)" test -S /var/run/nri/nri.sock
+fi
+check "kubectl apply -f $(basename "$manifest") (the chart rendered with $(basename "$values"))" \
 	kubectl apply -n $ns -f "$K8S_NODE_DIR/operator-rest.yaml"
 if until_true 180 'test "$(jp -n $ns deploy gpu-operator -o "jsonpath={.status.availableReplicas}")" = 1'; then
 	pass "the operator's Deployment is available ($((SECONDS - t0)) s)"
@@ -139,6 +151,21 @@ fi
 jp clusterpolicy cluster-policy -o 'jsonpath={.status}' | sed 's/^/  ClusterPolicy status: /'
 echo
 kubectl -n $ns get pods -o wide 2>&1 | sed 's/^/  /'
+
+# --- setup 2: the toolkit's pod, its management CDI spec and its NRI plugin
+if [[ $nri == 1 ]]; then
+	tpod=$(jp -n $ns pod -l app=nvidia-container-toolkit-daemonset -o 'jsonpath={.items[0].metadata.name}')
+	kubectl -n $ns logs "$tpod" -c nvidia-container-toolkit-ctr >"$logs/toolkit-ctr.log" 2>&1
+	grep -iE 'error|nri|cdi|install' "$logs/toolkit-ctr.log" | head -25 | sed 's/^/  toolkit: /'
+	check "the toolkit's pod $tpod is Ready" test "$(jp -n $ns pod "$tpod" -o 'jsonpath={.status.containerStatuses[0].ready}')" = true
+	mspec=$(ls /var/run/cdi/management.nvidia.com-gpu.* 2>/dev/null | head -1)
+	[[ -n $mspec ]] && cp "$mspec" "$logs/"
+	check "the toolkit wrote its management CDI spec ${mspec:-(none in /var/run/cdi)}" test -n "$mspec"
+	check "the management CDI spec names nvidia-smi" grep -q 'nvidia-smi' "${mspec:-/dev/null}"
+	check "the toolkit's NRI plugin started (its log)" grep -qiE 'nri plugin|NRI' "$logs/toolkit-ctr.log"
+	ann=$(jp -n $ns pod -l app=nvidia-operator-validator -o 'jsonpath={.items[0].metadata.annotations.nvidia\.cdi\.k8s\.io/container\.toolkit-validation}')
+	check "the validator pod asks the NRI plugin for management.nvidia.com/gpu=all ($ann)" test "$ann" = management.nvidia.com/gpu=all
+fi
 
 # --- every operand pod Ready (the validator's workload pods: Succeeded)
 notready=$(kubectl -n $ns get pods -o json | python3 -c '
@@ -247,4 +274,16 @@ done
 kubectl -n $ns get pods -o yaml >"$logs/operator-pods.yaml" 2>&1
 jp clusterpolicy cluster-policy -o yaml >"$logs/clusterpolicy.yaml"
 kubectl get pods -A -o wide >"$logs/pods.txt" 2>&1
+if [[ $sim == 1 && $nri == 1 ]]; then
+	# What the toolkit left on this machine's /var and /run (shared with the node): its install
+	# directory, its management spec and its pid directory. Nothing of it stays for the next run.
+	idir=$(python3 -c '
+import sys, yaml
+for d in yaml.safe_load_all(open(sys.argv[1])):
+    if d and d.get("kind") == "ClusterPolicy":
+        print(d["spec"]["toolkit"]["installDir"])' "$go_out/gpu-operator.yaml")
+	kubectl delete -n $ns ds -l app=nvidia-container-toolkit-daemonset --wait=false >/dev/null 2>&1
+	[[ $idir == /var/lib/* ]] && rm -rf "$idir"
+	rm -f /var/run/cdi/management.nvidia.com-gpu.* && rm -rf /run/nvidia/toolkit
+fi
 exit $fail
