@@ -159,10 +159,34 @@ if [[ $nri == 1 ]]; then
 	grep -iE 'error|nri|cdi|install' "$logs/toolkit-ctr.log" | head -25 | sed 's/^/  toolkit: /'
 	check "the toolkit's pod $tpod is Ready" test "$(jp -n $ns pod "$tpod" -o 'jsonpath={.status.containerStatuses[0].ready}')" = true
 	mspec=$(ls /var/run/cdi/management.nvidia.com-gpu.* 2>/dev/null | head -1)
-	[[ -n $mspec ]] && cp "$mspec" "$logs/"
+	[[ -n $mspec ]] && cp "$mspec" "$logs/" && grep -E 'hostPath|path:|args|- (create|update|--)' "$mspec" | head -40 | sed 's/^/  management spec: /'
 	check "the toolkit wrote its management CDI spec ${mspec:-(none in /var/run/cdi)}" test -n "$mspec"
 	check "the management CDI spec names nvidia-smi" grep -q 'nvidia-smi' "${mspec:-/dev/null}"
 	check "the toolkit's NRI plugin started (its log)" grep -qiE 'nri plugin|NRI' "$logs/toolkit-ctr.log"
+	# A probe, not one of the operator's pods: what the NRI plugin injects from the management
+	# spec into a pod of the operator's namespace (the plugin serves management devices only
+	# there) that asks as the validator's toolkit check asks; nvidia-smi run as that check runs it.
+	kubectl -n $ns apply -f - >/dev/null <<EOF2
+apiVersion: v1
+kind: Pod
+metadata:
+  name: nri-probe
+  annotations:
+    nvidia.cdi.k8s.io/container.probe: management.nvidia.com/gpu=all
+spec:
+  restartPolicy: Never
+  tolerations: [{key: nvidia.com/gpu, operator: Exists, effect: NoSchedule}]
+  containers:
+  - name: probe
+    image: $(sed -n 's/^images \([^ ]*\) .*/\1/p' "$go_out/versions")
+    imagePullPolicy: Never
+    command: [/bin/sh, -c, 'ls -l /usr/bin/nvidia-smi /usr/lib64 /etc/ld.so.conf.d 2>&1; grep -c nvidia /etc/ld.so.cache; env | grep -i -e nvidia -e LD_; nvidia-smi -L']
+EOF2
+	until_true 60 'case $(jp -n $ns pod nri-probe -o "jsonpath={.status.phase}") in Succeeded|Failed) true;; *) false;; esac'
+	kubectl -n $ns logs nri-probe >"$logs/nri-probe.log" 2>&1
+	sed 's/^/  nri-probe: /' "$logs/nri-probe.log" | head -40
+	kubectl -n $ns delete pod nri-probe --wait=false >/dev/null
+	check "the probe pod's nvidia-smi -L, from the management spec, lists the GPUs" grep -q '^GPU 0:' "$logs/nri-probe.log"
 	ann=$(jp -n $ns pod -l app=nvidia-operator-validator -o 'jsonpath={.items[0].metadata.annotations.nvidia\.cdi\.k8s\.io/container\.toolkit-validation}')
 	check "the validator pod asks the NRI plugin for management.nvidia.com/gpu=all ($ann)" test "$ann" = management.nvidia.com/gpu=all
 fi
