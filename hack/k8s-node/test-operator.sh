@@ -93,6 +93,14 @@ if [[ $sim == 1 ]]; then
 	kubectl label node "$K8S_NODE" --overwrite feature.node.kubernetes.io/pci-10de.present=true \
 		feature.node.kubernetes.io/system-os_release.ID=talos feature.node.kubernetes.io/system-os_release.VERSION_ID=v1.13.9 >/dev/null
 	echo "  simulated node: NFD's labels pci-10de.present=true (its GPUs have no PCI functions) and system-os_release ID=talos VERSION_ID=v1.13.9 set by hand"
+	if [[ $nri == 1 ]]; then
+		# GFD v0.20.0 under the operator writes its labels as an NFD NodeFeature object (seen:
+		# "creating NodeFeature object"; v26.7.0 sets USE_NODE_FEATURE_API=false only on
+		# OpenShift), which needs NFD's CRDs and nfd-master to become the Node's labels: NFD
+		# v0.18.2's master here, without its worker.
+		. "$here/nfd.sh"
+		nfd_deploy master
+	fi
 else
 	. "$here/nfd.sh"
 	nfd_deploy
