@@ -27,8 +27,20 @@
 #                    workload manifests in /var/nvidia/manifests, as validator/Dockerfile
 #     device-plugin  (checkout only) the plugin, config-manager, mps-control-daemon and
 #                    gpu-feature-discovery of the tag in /usr/bin, as images.sh builds v0.19.0
+#     toolkit        (when the values file turns the toolkit on: setup 2, values-nri.yaml;
+#                    checkout only) NVIDIA's container toolkit at the version the tag's
+#                    values.yaml names (v1.20.0), from its module: nvidia-ctk-installer in
+#                    /work and the programs it installs in /artifacts/deb/usr/bin, as the
+#                    toolkit's deployments/container/Dockerfile lays them out, without
+#                    libnvidia-container (C, its own repository, not built here; NRI mode
+#                    does not use it), so /work/nvidia-toolkit, which the operator's entrypoint
+#                    execs, is a stand-in: a two-line sh that execs the real installer with
+#                    its testing flag --ignore-errors (which lets it install without
+#                    libnvidia-container.so.1, libnvidia-container-go.so.1 and
+#                    nvidia-container-cli)
 #   gpu-operator.yaml       the chart (deployments/gpu-operator of the same source) rendered with
-#                           helm template, deploy/gpu-operator/values-cdi.yaml and the image
+#                           helm template, GPU_OPERATOR_VALUES (default
+#                           deploy/gpu-operator/values-cdi.yaml) and the image
 #                           fields of the local images (imagePullPolicy Never), CRDs included
 #   gpu-operator-sim.yaml   the same with the CUDA workload off (validator.cuda.env
 #                           WITH_WORKLOAD=false): for the simulated GPU node, where CUDA cannot run
@@ -47,6 +59,9 @@ out=${GPU_OPERATOR_OUT:-$top/_out/gpu-operator}
 cache=${XDG_CACHE_HOME:-$HOME/.cache}/nvidia-driver-gpu-operator
 images=${K8S_NODE_IMAGES:-$top/_out/k8s-node/images}
 helm=$top/_out/tools/helm
+values=$(realpath "${GPU_OPERATOR_VALUES:-$top/deploy/gpu-operator/values-cdi.yaml}")
+# The toolkit is built only when the values file turns it on (setup 2).
+toolkit=$(python3 -c 'import sys, yaml; v = yaml.safe_load(open(sys.argv[1])); print(1 if (v.get("toolkit") or {}).get("enabled") else 0)' "$values")
 for f in "$images/image" "$images/busybox" "$images/bash" "$helm"; do
 	[[ -x $f ]] || { echo "gpu-operator: $f is missing: run make k8s-node deploy-tools" >&2; exit 1; }
 done
@@ -74,7 +89,9 @@ if [[ $# -ge 1 ]]; then
 	# The tag's values.yaml names the plugin version this build must match.
 	named=$(awk '/^devicePlugin:/{p=1} p&&/^  version:/{print $2; exit}' "$src/deployments/gpu-operator/values.yaml")
 	[[ $named == "$plugin_tag" ]] || { echo "gpu-operator: $tag's values.yaml names device plugin $named, not $plugin_tag" >&2; exit 1; }
+	toolkit_tag=$(awk '/^toolkit:/{p=1} p&&/^  version:/{print $2; exit}' "$src/deployments/gpu-operator/values.yaml")
 else
+	[[ $toolkit == 0 ]] || { echo "gpu-operator: $values turns the toolkit on (NRI mode): that needs v26.7.0 from a checkout (build.sh OPERATOR PLUGIN)" >&2; exit 2; }
 	# --- CI: the module proxy's newest version of the module (a zip without vendor/)
 	modver=$(cd "$top/hack/k8s-node/validator" && go list -m -f '{{.Version}}' $mod)
 	src=$(cd "$top/hack/k8s-node/validator" && go mod download -json "$mod@$modver" | python3 -c 'import json,sys; print(json.load(sys.stdin)["Dir"])')
@@ -138,6 +155,33 @@ if [[ $# -ge 1 ]]; then
 		-env "$env_path" -env NVIDIA_DISABLE_REQUIRE=true -env NVIDIA_VISIBLE_DEVICES=all \
 		-env NVIDIA_DRIVER_CAPABILITIES=compute,utility >"$R/device-plugin.flags"
 fi
+if [[ $toolkit == 1 ]]; then
+	# NVIDIA's container toolkit at the version the operator's values.yaml names, from its
+	# module (the toolkit's Makefile cmd-% flags: cgo, its extldflags), laid out as its
+	# deployments/container/Dockerfile lays out its application stage.
+	tmod=github.com/NVIDIA/nvidia-container-toolkit
+	tsrc=$(cd "$top/hack/gpu-operator" && go mod download -json "$tmod@$toolkit_tag" | python3 -c 'import json,sys; print(json.load(sys.stdin)["Dir"])')
+	r=$R/toolkit
+	"$top/hack/k8s-node/images.sh" base "$r"
+	mkdir -p "$r/work" "$r/artifacts/deb/usr/bin" "$r/licenses"
+	t0=$SECONDS
+	(cd "$tsrc" && CGO_ENABLED=1 nice -n 10 go build -mod=readonly -trimpath -o "$r/artifacts/deb/usr/bin/" -ldflags "-s -w \
+		'-extldflags=-Wl,--export-dynamic -Wl,--unresolved-symbols=ignore-in-object-files -Wl,-z,lazy' \
+		-X $tmod/internal/info.version=$toolkit_tag" \
+		./cmd/nvidia-ctk-installer ./cmd/nvidia-ctk ./cmd/nvidia-cdi-hook ./cmd/nvidia-container-runtime \
+		./cmd/nvidia-container-runtime.cdi ./cmd/nvidia-container-runtime.legacy ./cmd/nvidia-container-runtime-hook)
+	mv "$r/artifacts/deb/usr/bin/nvidia-ctk-installer" "$r/work/"
+	# The stand-in for NVIDIA's symlink /work/nvidia-toolkit -> nvidia-ctk-installer (see the
+	# header): the same program, with --ignore-errors for the missing libnvidia-container.
+	printf '#!/bin/sh\n# stand-in (hack/gpu-operator/build.sh): no libnvidia-container in this image\nexec /work/nvidia-ctk-installer --ignore-errors "$@"\n' >"$r/work/nvidia-toolkit"
+	chmod 0755 "$r/work/nvidia-toolkit"
+	cp "$tsrc/LICENSE" "$r/licenses/"
+	chmod -R u+w "$r"
+	tk_ref=talos-nvidia/container-toolkit:$toolkit_tag
+	printf '%s\n' -ref "$tk_ref" -entrypoint /work/nvidia-ctk-installer -env "PATH=/work:${env_path#PATH=}" \
+		-env NVIDIA_DISABLE_REQUIRE=true -env NVIDIA_VISIBLE_DEVICES=void -env NVIDIA_DRIVER_CAPABILITIES=utility >"$R/toolkit.flags"
+	echo "gpu-operator: toolkit $toolkit_tag built from $tsrc in $((SECONDS - t0)) s" >&2
+fi
 # (In CI the device plugin's image is images.sh's nvcr.io/nvidia/k8s-device-plugin:v0.19.0,
 # which the node imports itself.)
 
@@ -162,13 +206,15 @@ node_sets=(
 	--set "operator.initContainer.version=${val_ref##*:}" --set operator.initContainer.imagePullPolicy=Never
 	--set-json 'operator.tolerations=[{"key":"nvidia.com/gpu","operator":"Exists","effect":"NoSchedule"}]'
 )
+[[ $toolkit == 1 ]] && node_sets+=(--set "toolkit.repository=${tk_ref%/*}" --set "toolkit.image=$(basename "${tk_ref%:*}")"
+	--set "toolkit.version=${tk_ref##*:}" --set toolkit.imagePullPolicy=Never)
 # --no-hooks: the chart's hooks are pre-upgrade and pre-delete only, which `helm install` does
 # not run; kubectl apply of a rendering with them would.
 render() { # FILE [HELM ARGS...]
 	local f=$1
 	shift
 	"$helm" template gpu-operator "$src/deployments/gpu-operator" --namespace gpu-operator \
-		--kube-version "$kube_version" --include-crds --no-hooks -f "$top/deploy/gpu-operator/values-cdi.yaml" \
+		--kube-version "$kube_version" --include-crds --no-hooks -f "$values" \
 		"${node_sets[@]}" "$@" >"$out/$f"
 }
 render gpu-operator.yaml
@@ -176,6 +222,8 @@ render gpu-operator-sim.yaml --set 'validator.cuda.env[0].name=WITH_WORKLOAD' --
 {
 	echo "gpu-operator $version $commit ($src)"
 	echo "device-plugin+gfd $plugin_tag ${plugin_commit:-"(module, hack/k8s-node/plugin/go.mod)"}"
+	[[ $toolkit == 1 ]] && echo "container-toolkit $toolkit_tag (module, $tsrc)"
+	echo "values $values"
 	echo "images $op_ref $val_ref nvcr.io/nvidia/k8s-device-plugin:$plugin_tag"
 } >"$out/versions"
 echo "gpu-operator: $out/gpu-operator.yaml ($(grep -c '^kind:' "$out/gpu-operator.yaml") objects); $(tr '\n' ';' <"$out/versions")" >&2

@@ -31,6 +31,11 @@
 #     (/run/nvidia/driver, /run/cdi, /run/nvidia/validations);
 #   - on machines that need it: restrict_oom_score_adj in containerd (VMs that refuse to lower
 #     OOM scores) and failCgroupV1: false in the kubelet (cgroup v1);
+#   - K8S_NODE_NRI=1: containerd's NRI on (/var/run/nri/nri.sock), as in Talos v1.14's
+#     hack/cri-plugin.part, which has no NRI section and so keeps containerd 2.x's default
+#     (plugins/nri: Disable false); v1.13.9's part, copied here, turns it off. Set in
+#     00-base.part itself (whether a `disable = false` in a later import undoes the base's
+#     true was not checked);
 #   - K8S_NODE_CONTAINERD_PART: extra containerd config (20-customization.part);
 #     K8S_NODE_KUBELET_EXTRA: extra kubelet config lines;
 #   - K8S_NODE_OCI_HOOK ("PROGRAM ARGS..."): an OCI createContainer hook added to the base
@@ -315,7 +320,7 @@ version = 3
   base_runtime_spec = "$W/cri/conf.d/base-spec.json"
 
 [plugins."io.containerd.nri.v1.nri"]
-  disable = true
+  disable = $([[ ${K8S_NODE_NRI:-0} == 1 ]] && echo false || echo true)
 EOF
 	if [[ -n ${K8S_NODE_OCI_HOOK:-} ]]; then
 		# shellcheck disable=SC2086 # the program and its arguments

@@ -31,8 +31,11 @@ nfd_features_mount() {
 }
 
 # nfd_deploy: applies NFD's deployment (CRDs, RBAC, nfd-master, the nfd-worker DaemonSet).
-nfd_deploy() {
-	local k=$K8S_NODE_DIR/nfd-kustomize
+nfd_deploy() { # [master]: with "master", the CRDs and nfd-master only, no worker (the
+	# simulated node: its GPUs have no PCI functions for a worker to find, and a worker's
+	# features.d would be the host's; the master turns GFD's NodeFeature object into labels)
+	local k=$K8S_NODE_DIR/nfd-kustomize worker="- deployment/base/worker-daemonset"
+	[[ ${1:-} == master ]] && worker=""
 	mkdir -p "$k"
 	cp "$top"/hack/k8s-node/nfd/nfd-{master,worker}.conf "$k/"
 	ln -sfn "$K8S_NODE_IMAGES/nfd-deployment" "$k/deployment" # kustomize takes relative paths only
@@ -45,7 +48,7 @@ resources:
 - deployment/base/rbac
 - deployment/base/nfd-crds
 - deployment/base/master
-- deployment/base/worker-daemonset
+$worker
 components:
 - deployment/components/common
 configMapGenerator:

@@ -30,7 +30,7 @@ CGO_ENABLED=0 go build -trimpath -ldflags "-s -w" -o _out/bin/harness ./hack/har
 echo "sim-run: built in $((SECONDS - t0)) s"
 # The kernel's /proc/driver entries, in the service's container and in every container of
 # the node (hack/simnvml/prochook).
-hook="$top/_out/bin/simnvml-prochook -source /run/nvidia/sim/proc/driver"
+hook="$top/_out/bin/simnvml-prochook -source /run/nvidia/sim/proc/driver -state /dev/.simnvml"
 node() { # CHECKS [HARNESS ARGS...]: one harness run of the simulated node, CHECKS in its cluster
 	local checks=$1; shift
 	PATH=$top/_out/k8s-node/bin:$PATH K8S_NODE_OCI_HOOK=$hook _out/bin/harness -extension _out/extensions/nvidia-driver-dev-sim \

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # NVIDIA's GPU Operator, setup 1 (deploy/gpu-operator/values-cdi.yaml: driver and toolkit off,
-# CDI on), on a real Kubernetes node where the extension's service has brought the GPUs up.
+# CDI on) or setup 2 (values-nri.yaml: the toolkit in NRI plugin mode; the chart as
+# hack/gpu-operator/build.sh rendered it with GPU_OPERATOR_VALUES, the node with
+# K8S_NODE_NRI=1), on a real Kubernetes node where the extension's service has brought the GPUs up.
 # Run inside hack/k8s-node/cluster.sh -gpu: on the simulated GPU node by
 # `hack/k8s-node/sim-run.sh hack/k8s-node/test-operator.sh` (make test-k8s-sim-operator), on
 # the GPU test host by hack/k8s-node/gpu-operator.sh (gpu-run.sh). Needs _out/gpu-operator
@@ -13,6 +15,8 @@
 #   - the operator's Deployment available; the ClusterPolicy's status.state `ready`;
 #   - every pod in the operator's namespace Ready (or Succeeded, for the validator's workload
 #     pods);
+#   - setup 2: containerd's NRI socket there; the toolkit's pod installed (its management CDI
+#     spec in /var/run/cdi, naming nvidia-smi) and its NRI plugin registered;
 #   - the validator's driver, toolkit, cuda and plugin init containers passed (their logs and the
 #     status files they write in /run/nvidia/validations);
 #   - the node reports nvidia.com/gpu allocatable, one per GPU of the service's status;
@@ -43,6 +47,11 @@ echo "  driver root: $(cat /run/nvidia/driver/usr/share/nvidia-driver/source 2>/
 echo "  built: $(tr '\n' ';' <"$go_out/versions" 2>/dev/null)"
 ngpu=$(python3 -c 'import json; print(len(json.load(open("/run/nvidia-driver/status.json")).get("gpus") or []))' 2>/dev/null)
 echo "  the service's status: ${ngpu:-no} GPUs"
+values=$(sed -n 's/^values //p' "$go_out/versions" 2>/dev/null)
+values=${values:-deploy/gpu-operator/values-cdi.yaml}
+nri=0
+grep -q '^ *nriPluginEnabled: true' "$go_out/gpu-operator.yaml" 2>/dev/null && nri=1
+echo "  values: $values; toolkit NRI plugin mode: $nri"
 . "$here/workload.sh"
 
 # --- the images, packed from their root filesystems as images.sh packs
@@ -84,6 +93,14 @@ if [[ $sim == 1 ]]; then
 	kubectl label node "$K8S_NODE" --overwrite feature.node.kubernetes.io/pci-10de.present=true \
 		feature.node.kubernetes.io/system-os_release.ID=talos feature.node.kubernetes.io/system-os_release.VERSION_ID=v1.13.9 >/dev/null
 	echo "  simulated node: NFD's labels pci-10de.present=true (its GPUs have no PCI functions) and system-os_release ID=talos VERSION_ID=v1.13.9 set by hand"
+	if [[ $nri == 1 ]]; then
+		# GFD v0.20.0 under the operator writes its labels as an NFD NodeFeature object (seen:
+		# "creating NodeFeature object"; v26.7.0 sets USE_NODE_FEATURE_API=false only on
+		# OpenShift), which needs NFD's CRDs and nfd-master to become the Node's labels: NFD
+		# v0.18.2's master here, without its worker.
+		. "$here/nfd.sh"
+		nfd_deploy master
+	fi
 else
 	. "$here/nfd.sh"
 	nfd_deploy
@@ -117,7 +134,10 @@ check "the chart's CRDs applied and established" sh -c "kubectl apply --server-s
 # on create but that server-side apply rejects ("spec.validator.plugin ... must be of type
 # object"). -n: helm template leaves namespaced objects without a namespace, which helm install
 # gives them from --namespace.
-check "kubectl apply -f $(basename "$manifest") (the chart rendered with deploy/gpu-operator/values-cdi.yaml)" \
+if [[ $nri == 1 ]]; then
+	check "containerd's NRI socket /var/run/nri/nri.sock is there (K8S_NODE_NRI=1)" test -S /var/run/nri/nri.sock
+fi
+check "kubectl apply -f $(basename "$manifest") (the chart rendered with $(basename "$values"))" \
 	kubectl apply -n $ns -f "$K8S_NODE_DIR/operator-rest.yaml"
 if until_true 180 'test "$(jp -n $ns deploy gpu-operator -o "jsonpath={.status.availableReplicas}")" = 1'; then
 	pass "the operator's Deployment is available ($((SECONDS - t0)) s)"
@@ -139,6 +159,45 @@ fi
 jp clusterpolicy cluster-policy -o 'jsonpath={.status}' | sed 's/^/  ClusterPolicy status: /'
 echo
 kubectl -n $ns get pods -o wide 2>&1 | sed 's/^/  /'
+
+# --- setup 2: the toolkit's pod, its management CDI spec and its NRI plugin
+if [[ $nri == 1 ]]; then
+	tpod=$(jp -n $ns pod -l app=nvidia-container-toolkit-daemonset -o 'jsonpath={.items[0].metadata.name}')
+	kubectl -n $ns logs "$tpod" -c nvidia-container-toolkit-ctr >"$logs/toolkit-ctr.log" 2>&1
+	grep -iE 'error|nri|cdi|install' "$logs/toolkit-ctr.log" | head -25 | sed 's/^/  toolkit: /'
+	check "the toolkit's pod $tpod is Ready" test "$(jp -n $ns pod "$tpod" -o 'jsonpath={.status.containerStatuses[0].ready}')" = true
+	mspec=$(ls /var/run/cdi/management.nvidia.com-gpu.* 2>/dev/null | head -1)
+	[[ -n $mspec ]] && cp "$mspec" "$logs/" && grep -E 'hostPath|path:|args|- (create|update|--)' "$mspec" | head -40 | sed 's/^/  management spec: /'
+	check "the toolkit wrote its management CDI spec ${mspec:-(none in /var/run/cdi)}" test -n "$mspec"
+	check "the management CDI spec names nvidia-smi" grep -q 'nvidia-smi' "${mspec:-/dev/null}"
+	check "the toolkit's NRI plugin started (its log)" grep -qiE 'nri plugin|NRI' "$logs/toolkit-ctr.log"
+	# A probe, not one of the operator's pods: what the NRI plugin injects from the management
+	# spec into a pod of the operator's namespace (the plugin serves management devices only
+	# there) that asks as the validator's toolkit check asks; nvidia-smi run as that check runs it.
+	kubectl -n $ns apply -f - >/dev/null <<EOF2
+apiVersion: v1
+kind: Pod
+metadata:
+  name: nri-probe
+  annotations:
+    nvidia.cdi.k8s.io/container.probe: management.nvidia.com/gpu=all
+spec:
+  restartPolicy: Never
+  tolerations: [{key: nvidia.com/gpu, operator: Exists, effect: NoSchedule}]
+  containers:
+  - name: probe
+    image: $(sed -n 's/^images \([^ ]*\) .*/\1/p' "$go_out/versions")
+    imagePullPolicy: Never
+    command: [/bin/sh, -c, 'ls -l /usr/bin/nvidia-smi /usr/lib64 /etc/ld.so.conf.d 2>&1; grep -c nvidia /etc/ld.so.cache; env | grep -i -e nvidia -e LD_; nvidia-smi -L']
+EOF2
+	until_true 60 'case $(jp -n $ns pod nri-probe -o "jsonpath={.status.phase}") in Succeeded|Failed) true;; *) false;; esac'
+	kubectl -n $ns logs nri-probe >"$logs/nri-probe.log" 2>&1
+	sed 's/^/  nri-probe: /' "$logs/nri-probe.log" | head -40
+	kubectl -n $ns delete pod nri-probe --wait=false >/dev/null
+	check "the probe pod's nvidia-smi -L, from the management spec, lists the GPUs" grep -q '^GPU 0:' "$logs/nri-probe.log"
+	ann=$(jp -n $ns pod -l app=nvidia-operator-validator -o 'jsonpath={.items[0].metadata.annotations.nvidia\.cdi\.k8s\.io/container\.toolkit-validation}')
+	check "the validator pod asks the NRI plugin for management.nvidia.com/gpu=all ($ann)" test "$ann" = management.nvidia.com/gpu=all
+fi
 
 # --- every operand pod Ready (the validator's workload pods: Succeeded)
 notready=$(kubectl -n $ns get pods -o json | python3 -c '
@@ -247,4 +306,16 @@ done
 kubectl -n $ns get pods -o yaml >"$logs/operator-pods.yaml" 2>&1
 jp clusterpolicy cluster-policy -o yaml >"$logs/clusterpolicy.yaml"
 kubectl get pods -A -o wide >"$logs/pods.txt" 2>&1
+if [[ $sim == 1 && $nri == 1 ]]; then
+	# What the toolkit left on this machine's /var and /run (shared with the node): its install
+	# directory, its management spec and its pid directory. Nothing of it stays for the next run.
+	idir=$(python3 -c '
+import sys, yaml
+for d in yaml.safe_load_all(open(sys.argv[1])):
+    if d and d.get("kind") == "ClusterPolicy":
+        print(d["spec"]["toolkit"]["installDir"])' "$go_out/gpu-operator.yaml")
+	kubectl delete -n $ns ds -l app=nvidia-container-toolkit-daemonset --wait=false >/dev/null 2>&1
+	[[ $idir == /var/lib/* ]] && rm -rf "$idir"
+	rm -f /var/run/cdi/management.nvidia.com-gpu.* && rm -rf /run/nvidia/toolkit
+fi
 exit $fail

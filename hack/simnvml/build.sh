@@ -14,7 +14,10 @@ src=${1:-$top/_out/subroot-debian}
 out=${2:-$top/_out/subroot-sim}
 cd "$top"
 export CGO_ENABLED=1 CGO_CFLAGS="${CGO_CFLAGS:--O2 -Wno-deprecated-declarations}"
-go build -trimpath -buildmode=c-shared -ldflags '-s -w' -o _out/simnvml/libnvidia-ml.so ./hack/simnvml
+# The SONAME NVIDIA's library has (Go's c-shared mode sets none): without it ldconfig makes no
+# libnvidia-ml.so.1 link beside the file, and a CDI spec that mounts only the file (the toolkit's
+# management spec, setup 2 in docs/gpu-operator.md) leaves dlopen("libnvidia-ml.so.1") failing.
+go build -trimpath -buildmode=c-shared -ldflags '-s -w -extldflags=-Wl,-soname,libnvidia-ml.so.1' -o _out/simnvml/libnvidia-ml.so ./hack/simnvml
 go build -trimpath -ldflags '-s -w' -o _out/bin/simnvml-node ./hack/simnvml/node
 go build -trimpath -ldflags '-s -w' -o _out/bin/simnvml-migls ./hack/simnvml/migls
 CGO_ENABLED=0 go build -trimpath -ldflags '-s -w' -o _out/bin/simnvml-prochook ./hack/simnvml/prochook

@@ -13,7 +13,14 @@
 // (internal/mig/mig-dp.go GetMigCapabilityDevicePaths) and nvcdi (internal/nvcaps/nvcaps.go
 // NewMigCaps, from internal/platform-support/dgpu) open /proc/driver/nvidia-caps/mig-minors.
 //
-//	prochook -source /run/nvidia/sim/proc/driver    (the OCI state on standard input)
+//	prochook -source /run/nvidia/sim/proc/driver [-state /dev/.simnvml]    (the OCI state on standard input)
+//
+// With -state, a container given /dev/nvidiactl (linux.devices of its config) also gets the
+// simulated NVML's state directory bound at its /dev/.simnvml: on a real node the kernel
+// driver behind /dev/nvidiactl answers NVML in any container that has the device node; here
+// the state directory is that driver (hack/simnvml/main.go). A container whose devices come
+// from a CDI spec that mounts no driver root (the toolkit's management spec, injected by its
+// NRI plugin) would otherwise find no simulated GPUs.
 //
 // It is a test tool, never part of the product: the harness gives it to the service's
 // container (hack/harness -oci-hook), the test node's containerd to every container through
@@ -42,6 +49,7 @@ func main() {
 func run(args []string, stdin io.Reader) error {
 	fs := flag.NewFlagSet("prochook", flag.ContinueOnError)
 	source := fs.String("source", "/run/nvidia/sim/proc/driver", "the simulated driver's proc/driver directory")
+	state := fs.String("state", "", "the simulated NVML's state directory, bound at /dev/.simnvml in containers given /dev/nvidiactl (none: off)")
 
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -68,6 +76,11 @@ func run(args []string, stdin io.Reader) error {
 		Root struct {
 			Path string `json:"path"`
 		} `json:"root"`
+		Linux struct {
+			Devices []struct {
+				Path string `json:"path"`
+			} `json:"devices"`
+		} `json:"linux"`
 	}
 	if err := json.Unmarshal(data, &cfg); err != nil {
 		return fmt.Errorf("%s/config.json: %w", st.Bundle, err)
@@ -78,7 +91,39 @@ func run(args []string, stdin io.Reader) error {
 		root = filepath.Join(st.Bundle, root)
 	}
 
-	return bindDriverDir(*source, filepath.Join(root, "proc", "driver"))
+	if err := bindDriverDir(*source, filepath.Join(root, "proc", "driver")); err != nil {
+		return err
+	}
+
+	if *state == "" {
+		return nil
+	}
+
+	for _, d := range cfg.Linux.Devices {
+		if d.Path == "/dev/nvidiactl" {
+			return bindState(*state, filepath.Join(root, "dev", ".simnvml"))
+		}
+	}
+
+	return nil
+}
+
+// bindState binds the simulated NVML's state directory at target (the container's
+// /dev/.simnvml), read-write: NVML clients take its lock.
+func bindState(source, target string) error {
+	if fi, err := os.Stat(source); err != nil || !fi.IsDir() {
+		return fmt.Errorf("the simulated NVML's state %s: not a directory (%v)", source, err)
+	}
+
+	if err := os.MkdirAll(target, 0o755); err != nil {
+		return fmt.Errorf("the container's %s: %w", target, err)
+	}
+
+	if err := unix.Mount(source, target, "", unix.MS_BIND, ""); err != nil {
+		return fmt.Errorf("binding %s at %s: %w", source, target, err)
+	}
+
+	return nil
 }
 
 // bindDriverDir binds source over target, read-only, once target is the container's procfs.
