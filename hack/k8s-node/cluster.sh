@@ -409,6 +409,10 @@ tlsMinVersion: VersionTLS13
 resolvConf: $W/resolv.conf
 # A GPU worker as docs/examples/gpu-worker.patch.yaml configures it.
 registerWithTaints: [{key: nvidia.com/gpu, value: present, effect: NoSchedule}]
+# The build machine's disk holds Go's caches and every build's outputs: at the kubelet's default
+# thresholds (image fs 15%, node fs 10%) it evicts the test's pods for what the machine holds,
+# not for anything a check does (seen: nfd-worker Evicted with 9% of the disk free).
+evictionHard: {imagefs.available: "2%", nodefs.available: "2%", memory.available: "100Mi"}
 $(vm_kubelet_config)
 ${K8S_NODE_KUBELET_EXTRA:-}
 EOF
