@@ -58,7 +58,7 @@ binaries:
 	go build -trimpath -o $(OUT)/bin/nvidia-cdi-hook \
 	  -ldflags "-s -w -linkmode external -extldflags '-Wl,--dynamic-linker=$(GLIBC_ROOT)/$(GLIBC_LOADER) -Wl,-rpath,$(GLIBC_ROOT)/usr/lib64'" \
 	  $(HOOK_PKG)
-	CGO_ENABLED=0 go build -trimpath -ldflags '-s -w' -o $(OUT)/bin/extension ./hack/extension
+	CGO_ENABLED=0 go build -trimpath -ldflags '-s -w' -o $(OUT)/bin/extension ./hack/release/extension
 	hack/stage-service-rootfs.sh $(OUT)/bin/nvidia-driver $(OUT)/containers/nvidia-driver
 	# ext-nvidia-fabricmanager runs the same binary from a root filesystem of its own.
 	rm -rf $(OUT)/containers/nvidia-fabricmanager
@@ -113,7 +113,7 @@ test-arm64: binaries-arm64 $(SUBROOT_ARM64)
 
 # The arm64 development extension, in $(ARM64_OUT)/extensions: the arm64 service's container
 # (its glibc from Debian's libc6-arm64-cross, the sysroot it was linked against), hook and
-# ldconfig, the arm64 subroot, assembled and validated by the arm64 build of hack/extension
+# ldconfig, the arm64 subroot, assembled and validated by the arm64 build of hack/release/extension
 # under qemu-user: Talos's own Load and Validate, and driverroot's checks as the arm64
 # service makes them. Its image archive's platform is linux/arm64.
 ARM64_OUT := $(OUT)/arm64
@@ -123,7 +123,7 @@ extension-arm64: binaries-arm64 $(SUBROOT_ARM64)
 	rm -rf $(ARM64_OUT)/containers/nvidia-fabricmanager
 	cp -a $(ARM64_OUT)/containers/nvidia-driver $(ARM64_OUT)/containers/nvidia-fabricmanager
 	install -m 0755 $(SUBROOT_ARM64)/sbin/ldconfig $(ARM64_OUT)/bin/ldconfig
-	GOARCH=arm64 CGO_ENABLED=0 go build -trimpath -ldflags '-s -w' -o $(ARM64_OUT)/bin/extension ./hack/extension
+	GOARCH=arm64 CGO_ENABLED=0 go build -trimpath -ldflags '-s -w' -o $(ARM64_OUT)/bin/extension ./hack/release/extension
 	qemu-aarch64-static $(ARM64_OUT)/bin/extension -out $(ARM64_OUT) -payload $(SUBROOT_ARM64) $(EXTENSION_FLAGS) >/dev/null
 
 # The development subroot, from Debian's non-free packages (the tests' and the demo's fixture).
@@ -178,9 +178,9 @@ lint:
 	cd hack/talos114 && go vet ./...
 	cd hack/k8s-node/runtime && go vet ./...
 
-# EXTENSION_FLAGS: e.g. -name nvidia-driver-dev-host -payload _out/subroot-host (see hack/extension).
+# EXTENSION_FLAGS: e.g. -name nvidia-driver-dev-host -payload _out/subroot-host (see hack/release/extension).
 extension: build
-	go run ./hack/extension -out $(OUT) $(EXTENSION_FLAGS)
+	go run ./hack/release/extension -out $(OUT) $(EXTENSION_FLAGS)
 
 # HARNESS_FLAGS: e.g. -extension _out/extensions/nvidia-driver-dev-host -env NVIDIA_DRIVER_PERSISTENCE_MODE=false -until ready,failed
 # (-env/-config make the ExtensionServiceConfig, which the service waits for).
@@ -189,7 +189,7 @@ harness: deps extension
 	go run ./hack/harness $(HARNESS_FLAGS)
 
 flavors:
-	go run ./hack/gen-flavors
+	go run ./hack/release/gen-flavors
 
 # A release image of one flavor with bldr's frontend (docker buildx), as siderolabs/extensions
 # builds its own (docs/extension.md). TALOS_VERSION empty: the recipes' default release.

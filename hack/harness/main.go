@@ -15,7 +15,7 @@
 // On a GPU host, build the payload from the host's driver first:
 //
 //	hack/build-subroot.sh host _out/subroot-host && \
-//	go run ./hack/extension -name nvidia-driver-dev-host -payload _out/subroot-host && \
+//	go run ./hack/release/extension -name nvidia-driver-dev-host -payload _out/subroot-host && \
 //	go run ./hack/harness -extension _out/extensions/nvidia-driver-dev-host \
 //	    -env NVIDIA_DRIVER_PERSISTENCE_MODE=false -until ready,failed
 package main

@@ -29,7 +29,7 @@ for f in _out/bin/nvidia-cdi-hook _out/bin/ldconfig _out/containers/nvidia-drive
 	[[ -e $f ]] || { echo "carry: $f is missing: run make build k8s-node" >&2; exit 1; }
 done
 CGO_ENABLED=0 go build -trimpath -ldflags "-s -w" -o _out/bin/harness ./hack/harness
-CGO_ENABLED=0 go build -trimpath -ldflags "-s -w" -o _out/bin/extension ./hack/extension
+CGO_ENABLED=0 go build -trimpath -ldflags "-s -w" -o _out/bin/extension ./hack/release/extension
 mkdir -p "$dest"
 
 # gpu-feature-discovery (49 MiB) and bash in the device plugin's image, there for the simulated

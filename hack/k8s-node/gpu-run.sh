@@ -3,7 +3,7 @@
 # (hack/k8s-node/carry.sh packs both and says how to unpack them; nothing is built here but
 # the host's own pieces):
 #   1. the subroot and the extension from this host's driver (hack/build-subroot.sh host,
-#      hack/extension), as docs/extension.md "Running it as Talos does" says;
+#      hack/release/extension), as docs/extension.md "Running it as Talos does" says;
 #   2. the service run as Talos runs it (hack/harness), with its NFD feature file on
 #      (NVIDIA_DRIVER_NFD_FEATURES_DIR, docs/kubernetes.md "Labels from the host"), and while
 #      it is ready

@@ -2,7 +2,7 @@
 # The simulated GPU node (`make test-k8s-node`, after test-cpu.sh): NVIDIA's real device plugin
 # on a real kubelet and containerd, the extension's real service, on a machine without a GPU.
 #   1. the simulated libnvidia-ml (hack/simnvml) in a copy of the Debian subroot
-#      (hack/simnvml/build.sh), and a development extension of it (hack/extension);
+#      (hack/simnvml/build.sh), and a development extension of it (hack/release/extension);
 #   2. the service run as Talos runs it (hack/harness: the product build, its NVML jobs in
 #      children that load the library from the subroot), after sim-node.sh has given the
 #      harness's node the simulated driver's state and /proc files (-before-boot), with

@@ -25,7 +25,7 @@ import (
 // tools and kernel a Talos release was built with.
 const MachineryModule = "github.com/siderolabs/talos/pkg/machinery"
 
-// Files of a release directory (hack/gen-flavors/releases/<talos>/), vendored from
+// Files of a release directory (hack/release/gen-flavors/releases/<talos>/), vendored from
 // siderolabs' repositories with their provenance in a header.
 const (
 	ExtensionsVarsFile     = "extensions-nvidia-gpu-vars.yaml"
@@ -146,7 +146,7 @@ var Files = []string{PkgsPkgfileFile, ExtensionsVarsFile, ExtensionsMakefileFile
 // validatorTalos is the Talos version each extensions-validator image of siderolabs' base
 // stage checks a manifest's constraint against: the gendata tag of the machinery its go.mod
 // pins (84cecb0: v1.13.0-alpha.2.0.20260405070107-79fa2e300108, whose gendata tag at
-// 79fa2e3 is v1.13.0-alpha.2; hack/siderolabs-validator.sh builds it). A release whose base
+// 79fa2e3 is v1.13.0-alpha.2; hack/release/siderolabs-validator.sh builds it). A release whose base
 // stage names another image stops the generator until that image is added here.
 var validatorTalos = map[string]string{
 	"ghcr.io/siderolabs/extensions-validator:84cecb0": "v1.13.0-alpha.2",

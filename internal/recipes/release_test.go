@@ -18,7 +18,7 @@ import (
 func TestReleaseDataMustAgree(t *testing.T) {
 	const talos = "v1.13.9"
 
-	src := filepath.Join(testutil.RepoRoot(t), "hack", "gen-flavors", "releases", talos)
+	src := filepath.Join(testutil.RepoRoot(t), "hack", "release", "gen-flavors", "releases", talos)
 
 	m, err := recipes.DownloadMachinery(talos)
 	require.NoError(t, err)
@@ -169,7 +169,7 @@ func TestReleaseDataMustAgree(t *testing.T) {
 func TestInferredReleaseLoads(t *testing.T) {
 	const talos = "v1.14.1"
 
-	src := filepath.Join(testutil.RepoRoot(t), "hack", "gen-flavors", "releases", talos)
+	src := filepath.Join(testutil.RepoRoot(t), "hack", "release", "gen-flavors", "releases", talos)
 
 	m, err := recipes.DownloadMachinery(talos)
 	require.NoError(t, err)

@@ -81,7 +81,7 @@ func stageIsScripts(t *testing.T, p *recipes.Pkg) {
 
 // TestStageScripts runs the recipes' stage scripts as bldr would run them, in a build root
 // of one file system (chroot), on a test archive shaped as NVIDIA's redist archive and made
-// from Debian's NVIDIA packages, with a model of nvidia-installer (hack/installer-model) in
+// from Debian's NVIDIA packages, with a model of nvidia-installer (hack/release/installer-model) in
 // the installer's place: the glibc stage, the userspace stage (prepare, installer, escape
 // check, fabric manager, ldconfig, its own test), then the final stage of a flavor (the
 // modules, the project's validator) for each release. The subroot must pass check-root; a
@@ -95,8 +95,8 @@ func TestStageScripts(t *testing.T) {
 
 	top := testutil.RepoRoot(t)
 	opts := testutil.DevExtension(t) // make build's outputs, or a skip
-	archive := buildTestArchive(t, goBuild(t, "./hack/installer-model"))
-	validator := goBuild(t, "./hack/extension")
+	archive := buildTestArchive(t, goBuild(t, "./hack/release/installer-model"))
+	validator := goBuild(t, "./hack/release/extension")
 	service := testutil.ServiceBinary(t)
 
 	rs := releases(t)
@@ -196,7 +196,7 @@ func TestStageScripts(t *testing.T) {
 // flavor runs a flavor's final stage: a build root with the userspace stage's /rootfs, the
 // binaries stage's output (stages/scripts/binaries-install.sh on make build's outputs), the
 // release's modules (test objects with NVIDIA's .modinfo fields) and the rendered manifest in
-// /pkg. siderolabs' extensions-validator is not built here (hack/siderolabs-validator.sh
+// /pkg. siderolabs' extensions-validator is not built here (hack/release/siderolabs-validator.sh
 // runs it by hand): a stand-in at /extensions-validator records the arguments the step
 // gives it; the project's validator runs for real.
 func flavor(t *testing.T, top string, p *recipes.Pkg, f recipes.Flavor, r recipes.Release, userspaceRoot, version, validator string, opts extension.Options) {

@@ -37,7 +37,7 @@ func releases(t *testing.T) []recipes.Release {
 func loadReleases(t *testing.T) ([]recipes.Release, []recipes.Machinery) {
 	t.Helper()
 
-	rs, missing, err := recipes.LoadReleases(filepath.Join(testutil.RepoRoot(t), "hack", "gen-flavors", "releases"))
+	rs, missing, err := recipes.LoadReleases(filepath.Join(testutil.RepoRoot(t), "hack", "release", "gen-flavors", "releases"))
 	require.NoError(t, err)
 
 	return rs, missing
@@ -45,7 +45,7 @@ func loadReleases(t *testing.T) ([]recipes.Release, []recipes.Machinery) {
 
 // TestRecipesAreCurrent re-renders the generated recipes from the release data and compares
 // them with the repository's: edit internal/recipes/templates or the release data, then run
-// go run ./hack/gen-flavors. A release whose data moved on (a new pkgs tag in its machinery,
+// go run ./hack/release/gen-flavors. A release whose data moved on (a new pkgs tag in its machinery,
 // other driver versions in its vendored files) fails here.
 func TestRecipesAreCurrent(t *testing.T) {
 	top := testutil.RepoRoot(t)
@@ -58,8 +58,8 @@ func TestRecipesAreCurrent(t *testing.T) {
 
 	for rel, want := range files {
 		got, err := os.ReadFile(filepath.Join(top, rel))
-		require.NoError(t, err, "%s missing: run go run ./hack/gen-flavors", rel)
-		assert.Equal(t, string(want), string(got), "%s is stale: run go run ./hack/gen-flavors", rel)
+		require.NoError(t, err, "%s missing: run go run ./hack/release/gen-flavors", rel)
+		assert.Equal(t, string(want), string(got), "%s is stale: run go run ./hack/release/gen-flavors", rel)
 	}
 
 	// Nothing else in the generated directories: a file left from an older layout would be
@@ -356,7 +356,7 @@ func TestReleaseDataIsEnforced(t *testing.T) {
 	files, err := recipes.Generate(rs[1:], []recipes.Machinery{m})
 	require.NoError(t, err)
 	assert.Contains(t, string(files[recipes.VarsYAMLName]), `{{- else if eq $talos "v1.14.1" }}
-{{ fail "Talos v1.14.1 (pkgs v1.14.0-25-gf694e1b, tools v1.14.0-7-ga404efb, kernel 6.18.51-talos): siderolabs' release data is not vendored: add the files that hack/gen-flavors/releases/v1.14.1/README.md names, then make flavors" }}`)
+{{ fail "Talos v1.14.1 (pkgs v1.14.0-25-gf694e1b, tools v1.14.0-7-ga404efb, kernel 6.18.51-talos): siderolabs' release data is not vendored: add the files that hack/release/gen-flavors/releases/v1.14.1/README.md names, then make flavors" }}`)
 }
 
 // TestValidatorsAreTheReleases': the project validates with the Talos code of the machinery

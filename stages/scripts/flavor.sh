@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The steps of the flavors' final stages (flavors/<flavor>/pkg.yaml, made by hack/gen-flavors),
+# The steps of the flavors' final stages (flavors/<flavor>/pkg.yaml, made by hack/release/gen-flavors),
 # in the base stage's build root (the tools image and siderolabs' extensions-validator), with
 # the subroot, the binaries and the release's kernel modules image merged in.
 #

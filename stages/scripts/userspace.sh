@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The steps of the nvidia-userspace-<branch> stages (stages/nvidia-userspace-*/pkg.yaml, made
-# by hack/gen-flavors): NVIDIA's userspace driver and fabric manager as the glibc subroot
+# by hack/release/gen-flavors): NVIDIA's userspace driver and fabric manager as the glibc subroot
 # $SUBROOT (/rootfs/usr/local/glibc), the GSP firmware in /rootfs/usr/lib/firmware/nvidia/
 # $NVIDIA_DRIVER_VERSION. Layout: pkg/driverroot (layout.go). Run from bldr's step directory
 # (/tmp/build), which holds the sources nvidia.tar.xz and fabricmanager.tar.xz.

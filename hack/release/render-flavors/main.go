@@ -6,9 +6,9 @@
 // Debian subroot as payload, the service, the hook, ldconfig; no kernel modules). That rootfs
 // is this machine's (amd64) for every platform: siderolabs' validator reads the manifest and
 // the tree's paths, not the programs' architecture. It is the input of
-// hack/siderolabs-validator.sh, which runs siderolabs' own validator on it.
+// hack/release/siderolabs-validator.sh, which runs siderolabs' own validator on it.
 //
-//	go run ./hack/render-flavors -out _out -dir DIR    # DIR/<os>-<arch>/<release>/<flavor>/{manifest.yaml,rootfs/}
+//	go run ./hack/release/render-flavors -out _out -dir DIR    # DIR/<os>-<arch>/<release>/<flavor>/{manifest.yaml,rootfs/}
 //
 // Each tree is a line on stdout: directory, flavor, release, constraint, platform.
 package main
@@ -60,7 +60,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 }
 
 func render(log *slog.Logger, root, out, dir string, stdout io.Writer) error {
-	releases, _, err := recipes.LoadReleases(filepath.Join(root, "hack", "gen-flavors", "releases"))
+	releases, _, err := recipes.LoadReleases(filepath.Join(root, "hack", "release", "gen-flavors", "releases"))
 	if err != nil {
 		return err
 	}

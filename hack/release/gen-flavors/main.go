@@ -1,11 +1,11 @@
 // Command gen-flavors renders the generated part of the release recipes (internal/recipes):
-// the root vars.yaml with the data of every Talos release in hack/gen-flavors/releases/,
+// the root vars.yaml with the data of every Talos release in hack/release/gen-flavors/releases/,
 // flavors/<name>/{pkg.yaml,vars.yaml,manifest.yaml.tmpl} for the four flavors, and
 // stages/nvidia-userspace-<branch>/pkg.yaml. Each release's pkgs, tools and kernel versions
 // are read from its machinery module (fetched through the go command), its driver versions
 // and checksums from the siderolabs files vendored in its directory.
 //
-//	go run ./hack/gen-flavors [-check]
+//	go run ./hack/release/gen-flavors [-check]
 //
 // -check only compares and fails if a file is stale.
 package main
@@ -30,7 +30,7 @@ func run() int {
 	root := flag.String("root", ".", "repository root")
 	flag.Parse()
 
-	releases, missing, err := recipes.LoadReleases(filepath.Join(*root, "hack", "gen-flavors", "releases"))
+	releases, missing, err := recipes.LoadReleases(filepath.Join(*root, "hack", "release", "gen-flavors", "releases"))
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "gen-flavors:", err)
 
@@ -58,7 +58,7 @@ func run() int {
 
 		if *check {
 			if old, err := os.ReadFile(p); err != nil || !bytes.Equal(old, files[rel]) {
-				fmt.Fprintf(os.Stderr, "gen-flavors: %s is stale: run go run ./hack/gen-flavors\n", rel)
+				fmt.Fprintf(os.Stderr, "gen-flavors: %s is stale: run go run ./hack/release/gen-flavors\n", rel)
 				stale++
 			}
 

@@ -2,13 +2,13 @@
 # Run siderolabs' own extension validator (github.com/siderolabs/extensions-validator, the
 # /extensions-validator of siderolabs' base stage) against every flavor's manifest and
 # rendered tree, for every platform (linux/amd64, linux/arm64) and Talos release of the
-# recipes (hack/render-flavors), as the flavors' test step runs it:
+# recipes (hack/release/render-flavors), as the flavors' test step runs it:
 # `validate --rootfs=DIR --pkg-name=<flavor>`. Then, as a control, against the same tree
 # with the exact constraint "= <release>", which this validator must reject (it checks
 # against the Talos version of its own machinery). The validator runs on this machine: the
 # arm64 trees are the arm64 build's manifests over this machine's rootfs.
 #
-#   hack/siderolabs-validator.sh VALIDATOR_CHECKOUT [TALOS_CHECKOUT]
+#   hack/release/siderolabs-validator.sh VALIDATOR_CHECKOUT [TALOS_CHECKOUT]
 #
 # VALIDATOR_CHECKOUT: a checkout of siderolabs/extensions-validator at the commit the base
 # stage's image is tagged with (84cecb0 for Talos 1.13); the module proxy does not serve it.
@@ -19,7 +19,7 @@
 set -euo pipefail
 src=${1:?usage: siderolabs-validator.sh VALIDATOR_CHECKOUT [TALOS_CHECKOUT]}
 talos=${2:-}
-top=$(cd "$(dirname "$0")/.." && pwd)
+top=$(cd "$(dirname "$0")/../.." && pwd)
 src=$(cd "$src" && pwd)
 
 work=$(mktemp -d "${TMPDIR:-/tmp}/siderolabs-validator.XXXXXX")
@@ -49,7 +49,7 @@ else
   (cd "$src" && go build -o "$bin" ./cmd/extensions-validator)
 fi
 
-(cd "$top" && go run ./hack/render-flavors -out "$top/_out" -dir "$work/trees") >"$work/trees.tsv"
+(cd "$top" && go run ./hack/release/render-flavors -out "$top/_out" -dir "$work/trees") >"$work/trees.tsv"
 
 fail=0
 while IFS=$'\t' read -r dir flavor release constraint platform; do
