@@ -59,7 +59,7 @@ binaries:
 	  -ldflags "-s -w -linkmode external -extldflags '-Wl,--dynamic-linker=$(GLIBC_ROOT)/$(GLIBC_LOADER) -Wl,-rpath,$(GLIBC_ROOT)/usr/lib64'" \
 	  $(HOOK_PKG)
 	CGO_ENABLED=0 go build -trimpath -ldflags '-s -w' -o $(OUT)/bin/extension ./hack/release/extension
-	hack/stage-service-rootfs.sh $(OUT)/bin/nvidia-driver $(OUT)/containers/nvidia-driver
+	hack/dev/stage-service-rootfs.sh $(OUT)/bin/nvidia-driver $(OUT)/containers/nvidia-driver
 	# ext-nvidia-fabricmanager runs the same binary from a root filesystem of its own.
 	rm -rf $(OUT)/containers/nvidia-fabricmanager
 	cp -a $(OUT)/containers/nvidia-driver $(OUT)/containers/nvidia-fabricmanager
@@ -119,7 +119,7 @@ test-arm64: binaries-arm64 $(SUBROOT_ARM64)
 ARM64_OUT := $(OUT)/arm64
 extension-arm64: binaries-arm64 $(SUBROOT_ARM64)
 	STAGE_SYSROOT=/usr/aarch64-linux-gnu STAGE_RUN=qemu-aarch64-static STAGE_LDCONFIG="qemu-aarch64-static $(SUBROOT_ARM64)/sbin/ldconfig" \
-	  hack/stage-service-rootfs.sh $(ARM64_OUT)/bin/nvidia-driver $(ARM64_OUT)/containers/nvidia-driver
+	  hack/dev/stage-service-rootfs.sh $(ARM64_OUT)/bin/nvidia-driver $(ARM64_OUT)/containers/nvidia-driver
 	rm -rf $(ARM64_OUT)/containers/nvidia-fabricmanager
 	cp -a $(ARM64_OUT)/containers/nvidia-driver $(ARM64_OUT)/containers/nvidia-fabricmanager
 	install -m 0755 $(SUBROOT_ARM64)/sbin/ldconfig $(ARM64_OUT)/bin/ldconfig
@@ -129,14 +129,14 @@ extension-arm64: binaries-arm64 $(SUBROOT_ARM64)
 # The development subroot, from Debian's non-free packages (the tests' and the demo's fixture).
 subroot: $(SUBROOT)
 $(SUBROOT):
-	hack/build-subroot.sh debian $(SUBROOT)
+	hack/dev/build-subroot.sh debian $(SUBROOT)
 $(SUBROOT_ARM64):
-	SUBROOT_ARCH=arm64 hack/build-subroot.sh debian $(SUBROOT_ARM64)
+	SUBROOT_ARCH=arm64 hack/dev/build-subroot.sh debian $(SUBROOT_ARM64)
 
 # Debian packages and tools the tests use (runc, util-linux's unshare).
 deps:
-	hack/install-test-deps.sh
-	bash hack/install-deploy-test-deps.sh
+	hack/dev/install-test-deps.sh
+	bash hack/dev/install-deploy-test-deps.sh
 	hack/install-talos-node-deps.sh
 
 # hack/consumers is a module of its own (NVIDIA's device plugin at its own dependency
@@ -209,7 +209,7 @@ release-image:
 # The demo build: the service plus simulated GPUs (-tags simulate); the product has neither.
 demo: build
 	go build -trimpath -tags simulate -o $(OUT)/bin/nvidia-driver-demo ./service
-	hack/demo.sh
+	hack/dev/demo.sh
 
 # What the GPU end-to-end test needs besides `make build`: nvidia-ctk from the same toolkit
 # version (the reference), its Go helpers, the persistenced test driver, NVIDIA's device
@@ -230,7 +230,7 @@ e2e-tools: build deploy-tools
 e2e-gpu: e2e-tools
 	hack/e2e-gpu.sh
 
-include hack/deploy.mk
+include hack/dev/deploy.mk
 include hack/k8s-node.mk
 include hack/talos-node.mk
 

@@ -162,9 +162,9 @@ type grafanaPanel struct {
 var recordedName = regexp.MustCompile(`\b[a-z_]+:[a-z0-9_:]*[a-z0-9_]\b`)
 
 func TestDashboards(t *testing.T) {
-	// The committed dashboards are what hack/gen-dashboards writes.
+	// The committed dashboards are what hack/dev/gen-dashboards writes.
 	tmp := t.TempDir()
-	gen := exec.Command("go", "run", "./hack/gen-dashboards", "-out", tmp)
+	gen := exec.Command("go", "run", "./hack/dev/gen-dashboards", "-out", tmp)
 	gen.Dir = root
 	out, err := gen.CombinedOutput()
 	require.NoError(t, err, "%s", out)
@@ -178,8 +178,8 @@ func TestDashboards(t *testing.T) {
 		want, err := os.ReadFile(g)
 		require.NoError(t, err)
 		got, err := os.ReadFile(filepath.Join(dashboardsDir, filepath.Base(g)))
-		require.NoError(t, err, "run: go run ./hack/gen-dashboards -out deploy/monitoring/dashboards")
-		assert.Equal(t, string(want), string(got), "%s is stale: go run ./hack/gen-dashboards -out deploy/monitoring/dashboards", filepath.Base(g))
+		require.NoError(t, err, "run: go run ./hack/dev/gen-dashboards -out deploy/monitoring/dashboards")
+		assert.Equal(t, string(want), string(got), "%s is stale: go run ./hack/dev/gen-dashboards -out deploy/monitoring/dashboards", filepath.Base(g))
 	}
 
 	records := map[string]bool{}

@@ -23,23 +23,23 @@ var (
 	toolsLog  []byte
 )
 
-// tool returns the path of a tool that hack/install-deploy-test-deps.sh puts in
+// tool returns the path of a tool that hack/dev/install-deploy-test-deps.sh puts in
 // _out/tools, running the script (which builds helm and kustomize from the module proxy
 // and unpacks promtool from Debian's package) when it is missing or stale. A failure is
 // fatal: CI must never pass by skipping these tests.
 func tool(t *testing.T, name string) string {
 	t.Helper()
 	toolsOnce.Do(func() {
-		cmd := exec.Command("bash", filepath.Join(root, "hack", "install-deploy-test-deps.sh"))
+		cmd := exec.Command("bash", filepath.Join(root, "hack", "dev", "install-deploy-test-deps.sh"))
 		toolsLog, toolsErr = cmd.CombinedOutput()
 	})
 	if toolsErr != nil {
-		t.Fatalf("hack/install-deploy-test-deps.sh failed (run it by hand to see why): %v\n%s", toolsErr, toolsLog)
+		t.Fatalf("hack/dev/install-deploy-test-deps.sh failed (run it by hand to see why): %v\n%s", toolsErr, toolsLog)
 	}
 	p, err := filepath.Abs(filepath.Join(root, "_out", "tools", name))
 	require.NoError(t, err)
 	if _, err := os.Stat(p); err != nil {
-		t.Fatalf("%s missing after hack/install-deploy-test-deps.sh: %v", name, err)
+		t.Fatalf("%s missing after hack/dev/install-deploy-test-deps.sh: %v", name, err)
 	}
 	return p
 }

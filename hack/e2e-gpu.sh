@@ -49,7 +49,7 @@ if [ "${E2E_INNER:-}" != 1 ]; then
   echo "== runc: $(runc --version | head -1)"
 
   echo "== subroot from $tree"
-  LDCONFIG=$out/bin/ldconfig "$top/hack/build-subroot.sh" host "$W/subroot" "$tree" || exit 1
+  LDCONFIG=$out/bin/ldconfig "$top/hack/dev/build-subroot.sh" host "$W/subroot" "$tree" || exit 1
   C=$out/containers/nvidia-driver
   "$C/lib64/ld-linux-x86-64.so.2" --library-path "$C/lib/x86_64-linux-gnu" "$C/usr/bin/nvidia-driver" check-root "$W/subroot" && r=PASS || r=FAIL
   result "check-root accepts the subroot built from $tree" $r
@@ -337,7 +337,7 @@ kill -TERM $spid; wait $spid
 
 # Idle memory against baselines in the same run: E2E_BASELINE_CONTAINERS names container root
 # filesystems of other builds of the service (earlier commits', from
-# hack/stage-service-rootfs.sh), each run the same way on the same node; its ready time and
+# hack/dev/stage-service-rootfs.sh), each run the same way on the same node; its ready time and
 # RSS a second after ready are printed beside ours. Settings a build does not know are left
 # out of its environment (its configuration is strict). Baselines run through the loader by
 # hand: builds before the NVML jobs do not execute themselves again.

@@ -20,7 +20,7 @@ tree=${1:-/usr/local/nvidia} secs=${2:-60}
 out=${OUT:-/tmp/e2e-restarts}
 mkdir -p "$out"
 echo "== modes before: $(nvidia-smi --query-gpu=persistence_mode,mig.mode.current --format=csv,noheader | tr '\n' ' ')"
-LDCONFIG=_out/bin/ldconfig hack/build-subroot.sh host _out/subroot-host "$tree" || exit 1
+LDCONFIG=_out/bin/ldconfig hack/dev/build-subroot.sh host _out/subroot-host "$tree" || exit 1
 _out/bin/extension -out _out -name nvidia-driver-dev-host -payload _out/subroot-host >/dev/null || exit 1
 PATH=$PWD/_out/k8s-node/bin:$PATH _out/bin/harness -json -runc "$PWD/_out/k8s-node/bin/runc" \
   -extension _out/extensions/nvidia-driver-dev-host \

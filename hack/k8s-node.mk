@@ -6,7 +6,7 @@
 # versions, built from their Go modules, and the node's images (pause, device plugin, NFD, base),
 # into _out/k8s-node. Cached: rebuilt when their go.mod/go.sum or scripts change.
 k8s-node:
-	hack/install-test-deps.sh
+	hack/dev/install-test-deps.sh
 	hack/k8s-node/build.sh
 	hack/k8s-node/images.sh
 

@@ -7,12 +7,12 @@
 #                              securityContext.privileged): no nvidiaDevRoot, no patches
 #   stock-gfd.yaml             NVIDIA's chart with nvidiaDriverRoot=/run/nvidia/driver and
 #                              gfd.enabled=true, for GPU feature discovery's DaemonSet
-# Needs helm and kustomize in _out/tools (hack/install-deploy-test-deps.sh).
+# Needs helm and kustomize in _out/tools (hack/dev/install-deploy-test-deps.sh).
 set -euo pipefail
 top=$(cd "$(dirname "$0")/.." && pwd)
 out=${1:?usage: render-consumers.sh OUTDIR}
 tools=$top/_out/tools
-chart=$(cd "$top/hack/tools" && go mod download -json github.com/NVIDIA/k8s-device-plugin@v0.19.0 | sed -n 's/^\t"Dir": "\(.*\)",$/\1/p')/deployments/helm/nvidia-device-plugin
+chart=$(cd "$top/hack/dev/tools" && go mod download -json github.com/NVIDIA/k8s-device-plugin@v0.19.0 | sed -n 's/^\t"Dir": "\(.*\)",$/\1/p')/deployments/helm/nvidia-device-plugin
 [ -d "$chart" ] || { echo "render-consumers: no chart at $chart" >&2; exit 1; }
 mkdir -p "$out"
 "$tools/kustomize" build "$top/deploy/device-plugin" >"$out/deploy-device-plugin.yaml"

@@ -30,7 +30,7 @@
 #                              rendered as a user renders it: helm template with
 #                              deploy/dra/values.yaml, namespace nvidia-dra-driver-gpu
 # Needs make k8s-node (the image tool and busybox) and helm in _out/tools
-# (hack/install-deploy-test-deps.sh).
+# (hack/dev/install-deploy-test-deps.sh).
 set -euo pipefail
 tag=v0.4.1
 commit=764900e7833798a1528bd52a2af3e1b2d5f7a616
@@ -44,7 +44,7 @@ src=${DRA_SRC:-${XDG_CACHE_HOME:-$HOME/.cache}/nvidia-driver-dra/src}
 images=${K8S_NODE_IMAGES:-$top/_out/k8s-node/images}
 helm=$top/_out/tools/helm
 for f in "$images/image" "$images/busybox" "$helm"; do
-	[[ -x $f ]] || { echo "dra: $f is missing: run make k8s-node and hack/install-deploy-test-deps.sh" >&2; exit 1; }
+	[[ -x $f ]] || { echo "dra: $f is missing: run make k8s-node and hack/dev/install-deploy-test-deps.sh" >&2; exit 1; }
 done
 got=$(git -C "$checkout" rev-parse --verify -q "$tag^{commit}") ||
 	{ echo "dra: $checkout has no tag $tag" >&2; exit 1; }

@@ -14,7 +14,7 @@
 //
 // On a GPU host, build the payload from the host's driver first:
 //
-//	hack/build-subroot.sh host _out/subroot-host && \
+//	hack/dev/build-subroot.sh host _out/subroot-host && \
 //	go run ./hack/release/extension -name nvidia-driver-dev-host -payload _out/subroot-host && \
 //	go run ./hack/harness -extension _out/extensions/nvidia-driver-dev-host \
 //	    -env NVIDIA_DRIVER_PERSISTENCE_MODE=false -until ready,failed
@@ -113,7 +113,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 
 	runcPath, err := exec.LookPath(*runc)
 	if err != nil {
-		fmt.Fprintln(stderr, "harness: runc not found (hack/install-test-deps.sh installs it):", err)
+		fmt.Fprintln(stderr, "harness: runc not found (hack/dev/install-test-deps.sh installs it):", err)
 
 		return 2
 	}

@@ -16,7 +16,7 @@
 # tests' runc (internal/testutil.TalosRunc) take these programs from here.
 # PARTS (after OUT): kube, runtime or both (the default).
 # Rebuilds a module's programs only when its go.mod, go.sum, sources or this script changed. Needs gcc and
-# libseccomp-dev (the static runc), which hack/install-test-deps.sh installs.
+# libseccomp-dev (the static runc), which hack/dev/install-test-deps.sh installs.
 set -euo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)

@@ -2,7 +2,7 @@
 # The Kubernetes GPU test on a GPU host, from this tree with its _out/ already built elsewhere
 # (hack/k8s-node/carry.sh packs both and says how to unpack them; nothing is built here but
 # the host's own pieces):
-#   1. the subroot and the extension from this host's driver (hack/build-subroot.sh host,
+#   1. the subroot and the extension from this host's driver (hack/dev/build-subroot.sh host,
 #      hack/release/extension), as docs/extension.md "Running it as Talos does" says;
 #   2. the service run as Talos runs it (hack/harness), with its NFD feature file on
 #      (NVIDIA_DRIVER_NFD_FEATURES_DIR, docs/kubernetes.md "Labels from the host"), and while
@@ -27,7 +27,7 @@ run() {
 	echo "tools: nvcc $(command -v nvcc || ls /usr/local/cuda/bin/nvcc), python3 $(command -v python3), /sbin/ldconfig: $(file -L /sbin/ldconfig 2>/dev/null | cut -c1-80)"
 	echo "filesystems: /tmp $(stat -fc %T /tmp), / $(stat -fc %T /)"
 	hack/k8s-node/images.sh pack || return 1
-	hack/build-subroot.sh host _out/subroot-host || return 1
+	hack/dev/build-subroot.sh host _out/subroot-host || return 1
 	_out/bin/extension -out _out -name nvidia-driver-dev-host -payload _out/subroot-host || return 1
 	# NFD's directory as on Talos, where /etc/kubernetes is writable and the features.d mount
 	# source of the service does not exist before it starts (the harness makes it 0700, as

@@ -103,7 +103,7 @@ func assembled(t *testing.T, demo bool, spec string) string {
 
 		ctr := filepath.Join(work, "ctr")
 
-		if o, err := exec.Command(filepath.Join(top, "hack/stage-service-rootfs.sh"), bin, ctr).CombinedOutput(); err != nil {
+		if o, err := exec.Command(filepath.Join(top, "hack/dev/stage-service-rootfs.sh"), bin, ctr).CombinedOutput(); err != nil {
 			a.err = err
 			t.Logf("%s", o)
 

@@ -16,7 +16,7 @@ import (
 )
 
 // testArchive is what the userspace stages download, made from Debian's NVIDIA packages of
-// the development subroot (hack/build-subroot.sh): nvidia_driver-linux-x86_64-<v>-archive/
+// the development subroot (hack/dev/build-subroot.sh): nvidia_driver-linux-x86_64-<v>-archive/
 // with the directories siderolabs' nvidia-pkgs stage and ours copy (bin, etc, firmware, lib,
 // sbin, share, supported-gpus, systemd, man/man1, docs, tests/glvnd, LICENSE, CHANGELOG,
 // README, MANIFEST), the MANIFEST in the .run's .manifest format (install-from-cwd.c
@@ -50,7 +50,7 @@ func buildTestArchive(t *testing.T, installer string) testArchive {
 	for _, p := range []string{"libnvidia-ml1", "nvidia-smi", "libcuda1", "libnvidia-cfg1", "libnvidia-ptxjitcompiler1", "nvidia-persistenced",
 		"libtirpc3", "libgssapi-krb5-2", "libkrb5-3", "libk5crypto3", "libcom-err2", "libkrb5support0", "libkeyutils1"} {
 		matches, _ := filepath.Glob(filepath.Join(debs, p+"_*.deb")) //nolint:errcheck // the pattern is valid
-		require.Len(t, matches, 1, "%s in %s (hack/build-subroot.sh downloads it)", p, debs)
+		require.Len(t, matches, 1, "%s in %s (hack/dev/build-subroot.sh downloads it)", p, debs)
 		run(t, "", "dpkg-deb", "-x", matches[0], pkgs)
 	}
 

@@ -14,7 +14,7 @@ import (
 	"github.com/talos-nvidia/nvidia-driver/pkg/extension"
 )
 
-// arm64Glibc is Debian's aarch64 glibc of libc6-arm64-cross (hack/install-test-deps.sh).
+// arm64Glibc is Debian's aarch64 glibc of libc6-arm64-cross (hack/dev/install-test-deps.sh).
 const arm64Glibc = "/usr/aarch64-linux-gnu/lib"
 
 // glibcFiles are the glibc stage's files, by name.
@@ -36,12 +36,12 @@ func TestGlibcStageArm64(t *testing.T) {
 
 	for _, tool := range []string{"aarch64-linux-gnu-gcc", "qemu-aarch64-static"} {
 		if _, err := exec.LookPath(tool); err != nil {
-			needTool(t, tool+" (hack/install-test-deps.sh installs it)")
+			needTool(t, tool+" (hack/dev/install-test-deps.sh installs it)")
 		}
 	}
 
 	if _, err := os.Stat(filepath.Join(arm64Glibc, "libc.so.6")); err != nil {
-		needTool(t, arm64Glibc+" (libc6-arm64-cross, hack/install-test-deps.sh)")
+		needTool(t, arm64Glibc+" (libc6-arm64-cross, hack/dev/install-test-deps.sh)")
 	}
 
 	busybox := staticBusybox(t)

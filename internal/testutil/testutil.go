@@ -87,7 +87,7 @@ func Subroot(t testing.TB) string {
 			return
 		}
 
-		cmd := exec.Command(filepath.Join(top, "hack", "build-subroot.sh"), "debian", dir)
+		cmd := exec.Command(filepath.Join(top, "hack", "dev", "build-subroot.sh"), "debian", dir)
 		cmd.Env = append(os.Environ(), env)
 		if out, err := cmd.CombinedOutput(); err != nil {
 			t.Fatalf("building the Debian subroot fixture: %v\n%s", err, out)
@@ -255,10 +255,10 @@ func TalosRunc(t testing.TB) string {
 	cmd := exec.Command(filepath.Join(top, "hack", "k8s-node", "build.sh"), out, "runtime")
 	if msg, err := cmd.CombinedOutput(); err != nil {
 		if os.Getenv("CI") != "" {
-			t.Fatalf("building runc 1.4 (hack/install-test-deps.sh installs libseccomp-dev): %v\n%s", err, msg)
+			t.Fatalf("building runc 1.4 (hack/dev/install-test-deps.sh installs libseccomp-dev): %v\n%s", err, msg)
 		}
 
-		t.Skipf("cannot build runc 1.4 (hack/install-test-deps.sh installs libseccomp-dev): %v\n%s", err, msg)
+		t.Skipf("cannot build runc 1.4 (hack/dev/install-test-deps.sh installs libseccomp-dev): %v\n%s", err, msg)
 	}
 
 	return filepath.Join(out, "bin", "runc")

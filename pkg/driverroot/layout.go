@@ -7,7 +7,7 @@ import "path/filepath"
 
 // Paths inside a subroot. The layout is the same whether the subroot comes from NVIDIA's
 // installer (pkg.yaml), from Debian's packages or from an installed driver tree
-// (hack/build-subroot.sh), and on every architecture but for the glibc loader, which sits
+// (hack/dev/build-subroot.sh), and on every architecture but for the glibc loader, which sits
 // at the architecture's standard interpreter path (LoaderPath, layout_<arch>.go).
 const (
 	// LibDir holds glibc and the NVIDIA libraries. Every consumer searches it; /usr/lib is

@@ -238,17 +238,17 @@ func TestBadBuildsFail(t *testing.T) {
 	}
 }
 
-// TestArm64ServiceContainer: the service's container as hack/stage-service-rootfs.sh stages
+// TestArm64ServiceContainer: the service's container as hack/dev/stage-service-rootfs.sh stages
 // it on arm64 (the loader at /lib/ld-linux-aarch64.so.1, glibc in lib/aarch64-linux-gnu) is
 // read as such, and refused beside the amd64 payload and hook: an extension is of one
 // architecture. The program is an aarch64 one from Debian's cross compiler; nothing here
 // runs it. The whole arm64 extension is assembled and validated by make test-arm64
 // (extension-arm64), with the arm64 build of the validator.
 func TestArm64ServiceContainer(t *testing.T) {
-	const glibc = "/usr/aarch64-linux-gnu/lib" // libc6-arm64-cross (hack/install-test-deps.sh)
+	const glibc = "/usr/aarch64-linux-gnu/lib" // libc6-arm64-cross (hack/dev/install-test-deps.sh)
 
 	if _, err := exec.LookPath("aarch64-linux-gnu-gcc"); err != nil {
-		t.Skip("needs aarch64-linux-gnu-gcc (hack/install-test-deps.sh installs it)")
+		t.Skip("needs aarch64-linux-gnu-gcc (hack/dev/install-test-deps.sh installs it)")
 	}
 
 	for _, tc := range []struct {

@@ -1,20 +1,20 @@
 #!/usr/bin/env bash
 # Builds or fetches the tools that the deploy/ and docs tests need, into _out/tools:
-#   helm, kustomize  built from the Go module proxy, versions pinned in hack/tools/go.mod
+#   helm, kustomize  built from the Go module proxy, versions pinned in hack/dev/tools/go.mod
 #                    (a module of its own, so they stay out of the service's go.mod)
 #   promtool         from Debian's "prometheus" package, unpacked with dpkg -x (nothing is
 #                    installed, no daemon starts)
 # and downloads the NVIDIA device plugin module (its Helm chart) into the module cache.
-# Safe to run repeatedly and concurrently; rebuilds when hack/tools/go.mod changes.
+# Safe to run repeatedly and concurrently; rebuilds when hack/dev/tools/go.mod changes.
 set -euo pipefail
 
-root=$(cd "$(dirname "$0")/.." && pwd)
+root=$(cd "$(dirname "$0")/../.." && pwd)
 out="$root/_out/tools"
 mkdir -p "$out"
 exec 9>"$out/.lock"
 flock 9
 
-stamp=$(sha256sum "$root/hack/tools/go.mod" "$root/hack/tools/go.sum" | sha256sum | cut -c1-16)
+stamp=$(sha256sum "$root/hack/dev/tools/go.mod" "$root/hack/dev/tools/go.sum" | sha256sum | cut -c1-16)
 
 build() { # name package
 	local name=$1 pkg=$2
@@ -22,7 +22,7 @@ build() { # name package
 		return
 	fi
 	echo "building $name ($pkg) into $out" >&2
-	(cd "$root/hack/tools" && CGO_ENABLED=0 go build -o "$out/$name.tmp" "$pkg")
+	(cd "$root/hack/dev/tools" && CGO_ENABLED=0 go build -o "$out/$name.tmp" "$pkg")
 	mv "$out/$name.tmp" "$out/$name"
 	echo "$stamp" >"$out/$name.stamp"
 }
@@ -45,7 +45,7 @@ if [[ ! -x "$out/promtool" ]]; then
 fi
 
 # The device plugin's Helm chart ships inside its Go module.
-(cd "$root/hack/tools" && go mod download github.com/NVIDIA/k8s-device-plugin@v0.19.0)
+(cd "$root/hack/dev/tools" && go mod download github.com/NVIDIA/k8s-device-plugin@v0.19.0)
 
 "$out/helm" version --short >&2
 "$out/kustomize" version >&2

@@ -3,7 +3,7 @@
 # linked against. Talos has no glibc, and the service must start even when the subroot is
 # missing or broken, so that it can say so: it cannot borrow the subroot's libc.
 #
-#   hack/stage-service-rootfs.sh BINARY OUTDIR
+#   hack/dev/stage-service-rootfs.sh BINARY OUTDIR
 #
 # A binary of another architecture (make extension-arm64) takes its glibc from a sysroot
 # and runs the target's programs under an emulator:

@@ -4,7 +4,7 @@
 // committed files are what this writes and that every recorded series they use is
 // recorded by deploy/monitoring/gpu.rules.yaml.
 //
-//	go run ./hack/gen-dashboards -out deploy/monitoring/dashboards
+//	go run ./hack/dev/gen-dashboards -out deploy/monitoring/dashboards
 package main
 
 import (

@@ -1,4 +1,4 @@
-module github.com/talos-nvidia/nvidia-driver/hack/tools
+module github.com/talos-nvidia/nvidia-driver/hack/dev/tools
 
 go 1.26.8
 

@@ -16,8 +16,8 @@
 #   dev/                         empty: the service binds the host's /dev here (docs/driver-root.md)
 #
 # Usage:
-#   hack/build-subroot.sh debian OUTDIR        from Debian's non-free packages (tests, demo)
-#   hack/build-subroot.sh host OUTDIR [TREE]   from an installed driver tree (default /usr/local/nvidia)
+#   hack/dev/build-subroot.sh debian OUTDIR        from Debian's non-free packages (tests, demo)
+#   hack/dev/build-subroot.sh host OUTDIR [TREE]   from an installed driver tree (default /usr/local/nvidia)
 #
 # Debian mode keeps its downloads in .cache/ (CACHE_DIR) and needs apt-get and dpkg-deb.
 # SUBROOT_ARCH=arm64 assembles the arm64 subroot from Debian's arm64 packages (without
@@ -27,7 +27,7 @@ set -euo pipefail
 
 mode=${1:?usage: build-subroot.sh debian|host OUTDIR [TREE]}
 out=${2:?usage: build-subroot.sh debian|host OUTDIR [TREE]}
-top=$(cd "$(dirname "$0")/.." && pwd)
+top=$(cd "$(dirname "$0")/../.." && pwd)
 cache=${CACHE_DIR:-$top/.cache}
 arch=${SUBROOT_ARCH:-amd64}
 case $arch in

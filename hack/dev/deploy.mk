@@ -1,19 +1,19 @@
 # Cluster-side targets (deploy/, docs/). The top-level Makefile includes this file:
-#   include hack/deploy.mk
+#   include hack/dev/deploy.mk
 
 .PHONY: deploy-tools deploy-render deploy-lint deploy-test
 
-# helm and kustomize (built from the Go module proxy, pinned in hack/tools/go.mod) and
+# helm and kustomize (built from the Go module proxy, pinned in hack/dev/tools/go.mod) and
 # promtool (from Debian's prometheus package) into _out/tools.
 deploy-tools:
-	bash hack/install-deploy-test-deps.sh
+	bash hack/dev/install-deploy-test-deps.sh
 
 # Regenerate what deploy/ derives from its sources: the rendered device plugin chart
 # (from deploy/device-plugin/values.yaml), the PrometheusRule (from
 # deploy/monitoring/gpu.rules.yaml) and the Grafana dashboards.
 deploy-render: deploy-tools
 	go test ./deploy -count=1 -run 'TestDevicePluginRenderedChartIsCurrent|TestPrometheusRuleMatchesRulesFile|TestSharingComponentsAreCurrent' -update
-	go run ./hack/gen-dashboards -out deploy/monitoring/dashboards
+	go run ./hack/dev/gen-dashboards -out deploy/monitoring/dashboards
 
 # promtool on the rules and their unit tests, kustomize on every manifest set.
 deploy-lint: deploy-tools

@@ -4,7 +4,7 @@
 # machine changes; the GPUs are simulated NVML; the subroot is the Debian-built one.
 # Needs root (mounts, mknod).
 set -euo pipefail
-top=$(cd "$(dirname "$0")/.." && pwd)
+top=$(cd "$(dirname "$0")/../.." && pwd)
 # The demo build of the service (go build -tags simulate): it alone knows NVIDIA_DRIVER_SIMULATE.
 bin=${BIN:-$top/_out/bin/nvidia-driver-demo}
 subroot=${SUBROOT:-$top/_out/subroot-debian}
