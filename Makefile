@@ -137,7 +137,7 @@ $(SUBROOT_ARM64):
 deps:
 	hack/dev/install-test-deps.sh
 	bash hack/dev/install-deploy-test-deps.sh
-	hack/install-talos-node-deps.sh
+	hack/talos-node/install-deps.sh
 
 # hack/consumers is a module of its own (NVIDIA's device plugin at its own dependency
 # versions, and the e2e's pod-to-OCI translation): vetted and tested from its directory.
@@ -232,7 +232,7 @@ e2e-gpu: e2e-tools
 
 include hack/dev/deploy.mk
 include hack/k8s-node.mk
-include hack/talos-node.mk
+include hack/talos-node/talos-node.mk
 
 clean:
 	rm -rf $(OUT)

@@ -3,7 +3,7 @@
 # (unshare), binutils (readelf), and the tools for the rest (dpkg-deb, apt-get already there);
 # for the Kubernetes test node (hack/k8s-node): libseccomp's static library (a static runc);
 # for arm64, the cross compiler, arm64 glibc and qemu-user.
-# The Talos node's (make talos-node) are in hack/install-talos-node-deps.sh, which passes
+# The Talos node's (make talos-node) are in hack/talos-node/install-deps.sh, which passes
 # the packages it lacks as arguments: they are installed with these.
 # Idempotent; quiet when everything is present.
 set -euo pipefail

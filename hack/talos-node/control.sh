@@ -9,7 +9,7 @@
 #            on a read-only root;
 #   depends  a `depends` that never comes true on a node without the module
 #            (path: /proc/driver/nvidia/version): the service waits, and machined's boot with it;
-#   exit     a service that exits when its document is bad (hack/exit-on-bad-document in place
+#   exit     a service that exits when its document is bad (hack/talos-node/exit-on-bad-document in place
 #            of its binary): under restart: always, a crash loop.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
@@ -41,7 +41,7 @@ exit)
 	bin=$copy/rootfs/usr/local/lib/containers/nvidia-driver/usr/bin/nvidia-driver
 	[ -x "$bin" ] || { echo "control.sh: $bin is missing" >&2; exit 2; }
 	mv "$bin" "$bin.real"
-	(cd "$here/../.." && CGO_ENABLED=0 go build -trimpath -o "$bin" ./hack/exit-on-bad-document)
+	(cd "$here/../.." && CGO_ENABLED=0 go build -trimpath -o "$bin" ./hack/talos-node/exit-on-bad-document)
 	;;
 *) echo "control.sh: unknown TALOS_NODE_CONTROL $control" >&2; exit 2 ;;
 esac

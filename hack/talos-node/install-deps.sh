@@ -13,4 +13,4 @@ compgen -G '/boot/vmlinuz-*' >/dev/null || need+=(linux-image-amd64)
 command -v cpio >/dev/null || need+=(cpio)
 command -v modprobe >/dev/null || need+=(kmod)
 command -v xz >/dev/null || need+=(xz-utils)
-exec "$(dirname "$0")/dev/install-test-deps.sh" "${need[@]}"
+exec "$(dirname "$0")/../dev/install-test-deps.sh" "${need[@]}"

@@ -15,7 +15,7 @@ TALOS_NODE_RUN = $(OUT)/talos-node/$(TALOS_NODE_VERSION)
 # machined, talosctl, the node runtime (from hack/k8s-node/build.sh), the node's rootfs and
 # the guest; the registry too unless TALOS_NODE_KUBERNETES=0.
 talos-node-build:
-	hack/install-talos-node-deps.sh
+	hack/talos-node/install-deps.sh
 	hack/talos-node/build.sh
 
 # The checks of hack/talos-node/test.sh against the extension as make extension builds it,
