@@ -232,6 +232,7 @@ e2e-gpu: e2e-tools
 
 include hack/dev/deploy.mk
 include hack/k8s-node.mk
+include hack/sim-node/sim-node.mk
 include hack/talos-node/talos-node.mk
 
 clean:

@@ -59,7 +59,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	wait := fs.Duration("wait", 60*time.Second, "longest wait for -until")
 	hold := fs.Duration("hold", 3*time.Second, "watch the service this long after -until before stopping it")
 	afterPhases := fs.String("after-ready-phases", "ready", "the service phases in which -after-ready runs")
-	beforeBoot := fs.String("before-boot", "", "shell command to run on the node once the extension is laid, before the service starts (e.g. hack/k8s-node/sim-node.sh)")
+	beforeBoot := fs.String("before-boot", "", "shell command to run on the node once the extension is laid, before the service starts (e.g. hack/sim-node/sim-node.sh)")
 	afterReady := fs.String("after-ready", "", "shell command to run while the service is ready (e.g. hack/e2e-workload.sh)")
 	docAfter := fs.Duration("document-after", 0, "boot without the ExtensionServiceConfig and add it this long after the service started")
 	then := fs.String("then", "", "once -until and -hold are over: restart (stop and start the service), change (apply -then-env as a change of the document) or remove (delete the document); then wait for -until again and stop")
@@ -68,7 +68,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	changes := fs.Int("changes", 0, "with -after-ready: run it in the background and change the document this many times meanwhile (a restart by Talos each)")
 	changeEvery := fs.Duration("change-every", 0, "with -changes: wait this long before each change")
 	runc := fs.String("runc", "runc", "runc binary")
-	ociHook := fs.String("oci-hook", "", "an OCI createContainer hook for the service's container, program and arguments separated by spaces (a simulated node's /proc/driver: hack/simnvml/prochook)")
+	ociHook := fs.String("oci-hook", "", "an OCI createContainer hook for the service's container, program and arguments separated by spaces (a simulated node's /proc/driver: hack/sim-node/simnvml/prochook)")
 	asJSON := fs.Bool("json", false, "print the result as JSON")
 
 	if err := fs.Parse(args); err != nil {

@@ -1,5 +1,5 @@
 # The PASS/FAIL helpers of the test node's check scripts (test-cpu.sh, test-gpu.sh,
-# test-sharing.sh, test-dra.sh, sim-lib.sh), sourced after setting check_name (the prefix of
+# test-sharing.sh, test-dra.sh, hack/sim-node/sim-lib.sh), sourced after setting check_name (the prefix of
 # each line, e.g. k8s-node-sim). A script exits with $fail: 1 once any check failed.
 fail=0
 pass() { echo "$check_name: $*: PASS"; }

@@ -42,7 +42,7 @@
 #     runtime spec, so that runc runs it for every container the kubelet asks for (containerd's
 #     CRI starts each spec from the base spec and changes no hooks: internal/cri/server/
 #     container_create.go runtimeSpec). The simulated node's /proc/driver (sim-run.sh,
-#     hack/simnvml/prochook); Talos's base spec has none.
+#     hack/sim-node/simnvml/prochook); Talos's base spec has none.
 set -euo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)

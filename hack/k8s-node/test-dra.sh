@@ -2,7 +2,7 @@
 # NVIDIA's DRA driver for GPUs in place of deploy/'s device plugin, on a real Kubernetes node
 # where the extension's service has brought the GPUs up. Run inside hack/k8s-node/cluster.sh
 # -gpu: on the GPU test host by hack/k8s-node/gpu-dra.sh (gpu-run.sh), on the simulated GPU
-# node by `hack/k8s-node/sim-run.sh hack/k8s-node/test-dra.sh` (NVML is hack/simnvml there:
+# node by `hack/sim-node/sim-run.sh hack/k8s-node/test-dra.sh` (NVML is hack/sim-node/simnvml there:
 # the driver root's usr/share/nvidia-driver/source says simnvml). Needs _out/dra from
 # hack/dra/build.sh (the image's root filesystem, the rendered chart, cdi-e2e). Checks:
 #   - deploy/dra and the chart as hack/dra/build.sh rendered it with deploy/dra/values.yaml,
@@ -189,7 +189,7 @@ for p in dra-a dra-b; do
 	check "$p saw exactly its GPU's device node ($got; the claim's CDI spec: $spec_gpus)" test -n "$got" -a "$got" = "$spec_gpus" -a "$(wc -w <<<"$got")" = 1
 	check "$p saw the control nodes nvidiactl, nvidia-uvm" grep -q 'nvidia-uvm .*nvidiactl\|nvidiactl.*nvidia-uvm' <<<"$seen"
 	if [[ $sim == 1 ]]; then
-		# The simulated UUIDs end in the GPU's minor (hack/simnvml).
+		# The simulated UUIDs end in the GPU's minor (hack/sim-node/simnvml).
 		check "$p: that node is the allocated GPU's (uuid $uuid)" test "$got" = "nvidia$((16#${uuid: -12}))"
 	else
 		check "$p: nvidia-smi -L lists the H200, the claim's GPU" grep -q "^GPU 0: NVIDIA H200.*$uuid" <<<"$out"

@@ -4,7 +4,7 @@
 # hack/gpu-operator/build.sh rendered it with GPU_OPERATOR_VALUES, the node with
 # K8S_NODE_NRI=1), on a real Kubernetes node where the extension's service has brought the GPUs up.
 # Run inside hack/k8s-node/cluster.sh -gpu: on the simulated GPU node by
-# `hack/k8s-node/sim-run.sh hack/k8s-node/test-operator.sh` (make test-k8s-sim-operator), on
+# `hack/sim-node/sim-run.sh hack/k8s-node/test-operator.sh` (make test-k8s-sim-operator), on
 # the GPU test host by hack/k8s-node/gpu-operator.sh (gpu-run.sh). Needs _out/gpu-operator
 # from hack/gpu-operator/build.sh (the images' root filesystems, the rendered chart).
 # Checks, each PASS or FAIL:

@@ -64,13 +64,13 @@ type Options struct {
 	AfterPhases []string
 	// BeforeBoot, when set, is a shell command run on the node once the extension is laid and
 	// before the service starts, as a node loads its kernel modules before extension
-	// services start (e.g. hack/k8s-node/sim-node.sh: a simulated GPU node's driver state and
+	// services start (e.g. hack/sim-node/sim-node.sh: a simulated GPU node's driver state and
 	// /proc files). Its failure is the harness's.
 	BeforeBoot string
 	// CreateContainerHook, when set, is an OCI createContainer hook (program, then its
 	// arguments) added to the service's container, which Talos never adds: a simulated node's
 	// stand-in for the kernel's /proc/driver entries, which no process can add to a procfs
-	// (hack/simnvml/prochook).
+	// (hack/sim-node/simnvml/prochook).
 	CreateContainerHook []string
 
 	callerDir string // the caller's working directory, for AfterReady and BeforeBoot

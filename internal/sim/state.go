@@ -9,7 +9,7 @@ import (
 
 // NodeState is what a simulated node keeps across processes: what the kernel driver and the
 // GPUs hold on a real node (MIG modes, instances, minors, fabric registration), so that
-// several processes that load the simulated NVML (hack/simnvml) see the same GPUs, as
+// several processes that load the simulated NVML (hack/sim-node/simnvml) see the same GPUs, as
 // processes on a real node all see the driver's state. Per-process things are not part of
 // it: NVML's init count, fault injection, call counters, holders and compute processes.
 type NodeState struct {

@@ -13,7 +13,7 @@
 // plugins' only), and containerd reads CDI annotations from the container's CRI config
 // alone (WithCDI). A DRA driver or another device plugin is what would name them on a
 // cluster; this is the smallest such plugin, for the simulated node's check
-// (hack/k8s-node/test-sim.sh). It is never part of the product.
+// (hack/sim-node/test-sim.sh). It is never part of the product.
 //
 //	cdiplugin -spec /run/cdi/nvidia.yaml -resource test.nvidia-driver/cdi-gpu
 //

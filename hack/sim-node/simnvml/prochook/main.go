@@ -18,7 +18,7 @@
 // With -state, a container given /dev/nvidiactl (linux.devices of its config) also gets the
 // simulated NVML's state directory bound at its /dev/.simnvml: on a real node the kernel
 // driver behind /dev/nvidiactl answers NVML in any container that has the device node; here
-// the state directory is that driver (hack/simnvml/main.go). A container whose devices come
+// the state directory is that driver (hack/sim-node/simnvml/main.go). A container whose devices come
 // from a CDI spec that mounts no driver root (the toolkit's management spec, injected by its
 // NRI plugin) would otherwise find no simulated GPUs.
 //

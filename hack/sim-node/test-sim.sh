@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # GPU pods from NVIDIA's device plugin on a real kubelet and containerd, on a simulated GPU
-# node (hack/k8s-node/sim-run.sh: 8 simulated H100s on an NVSwitch board, the extension's
-# service brought them up as on a node, NVML is hack/simnvml). Run inside
+# node (hack/sim-node/sim-run.sh: 8 simulated H100s on an NVSwitch board, the extension's
+# service brought them up as on a node, NVML is hack/sim-node/simnvml). Run inside
 # hack/k8s-node/cluster.sh -gpu, itself run by the harness while the service is ready.
 # Checks:
 #   - deploy/ applied server-side; the node labelled as the docs say;
@@ -15,13 +15,13 @@
 #   - a pod given one of that spec's devices by the kubelet (a device plugin's cdi_devices
 #     answer: hack/k8s-node/kube/cdiplugin) gets exactly that GPU's device node; a pod's own
 #     CDI annotation gets it none;
-#   - the MIG pause cycle, each step timed, after its control (hack/k8s-node/sim-pause.sh);
+#   - the MIG pause cycle, each step timed, after its control (hack/sim-node/sim-pause.sh);
 #   - deploy/sharing's time-slicing-4 chosen by the node's label: nvidia.com/gpu: 32.
 # CUDA cannot run here: the device nodes are real character devices at NVIDIA's majors with
 # no driver behind them (opening one fails with ENXIO). Prints PASS/FAIL lines; exits non-zero
 # on a failure.
 set -uo pipefail
-# shellcheck source=hack/k8s-node/sim-lib.sh
+# shellcheck source=hack/sim-node/sim-lib.sh
 source "$(dirname "$0")/sim-lib.sh"
 
 check_service_up
@@ -93,7 +93,7 @@ else
 	failed "the service wrote no $spec"
 fi
 
-# --- the MIG pause cycle, with its control (hack/k8s-node/sim-pause.sh)
+# --- the MIG pause cycle, with its control (hack/sim-node/sim-pause.sh)
 t_pause=$SECONDS
 . "$here/sim-pause.sh"
 echo "k8s-node-sim: the MIG pause section took $((SECONDS - t_pause)) s"

@@ -1,4 +1,4 @@
-// Package state is the state directory of a simulated NVML node (hack/simnvml): what the
+// Package state is the state directory of a simulated NVML node (hack/sim-node/simnvml): what the
 // kernel driver holds on a real node, in a file that every process loading the simulated
 // libnvidia-ml reads under a lock, and the simulated /proc and /sys files that go with it.
 package state
@@ -32,7 +32,7 @@ const (
 	file     = "state.json"
 	lockFile = "lock"
 	// AttachFile is the file that the processes holding the GPUs open lock shared
-	// (hack/simnvml attach.go).
+	// (hack/sim-node/simnvml attach.go).
 	AttachFile = "attached"
 )
 

@@ -1,4 +1,4 @@
-// The C side of hack/simnvml: the table that NVML handles point into, and the library's own
+// The C side of hack/sim-node/simnvml: the table that NVML handles point into, and the library's own
 // path (for the state directory next to the driver root it was loaded from).
 #define _GNU_SOURCE
 #include <dlfcn.h>

@@ -1,8 +1,8 @@
-// Command node sets up the state of a simulated NVML node (hack/simnvml): the GPUs that the
+// Command node sets up the state of a simulated NVML node (hack/sim-node/simnvml): the GPUs that the
 // simulated libnvidia-ml reports, in a state directory, and the /proc and /sys files that a
 // loaded driver would offer for them under a host root.
 //
-//	go run ./hack/simnvml/node -dir /dev/.simnvml -host-root /run/nvidia/sim -gpus h100-80gb:8 \
+//	go run ./hack/sim-node/simnvml/node -dir /dev/.simnvml -host-root /run/nvidia/sim -gpus h100-80gb:8 \
 //	    -nvswitches 4 -subroot _out/subroot-sim
 //
 // -nvswitches puts the GPUs on an HGX board's NVSwitch fabric (sim.WriteNVSwitchFS), already
@@ -19,7 +19,7 @@ import (
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 
-	"github.com/talos-nvidia/nvidia-driver/hack/simnvml/state"
+	"github.com/talos-nvidia/nvidia-driver/hack/sim-node/simnvml/state"
 	"github.com/talos-nvidia/nvidia-driver/internal/sim"
 	"github.com/talos-nvidia/nvidia-driver/pkg/driverroot"
 )

@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
 # MIG devices from NVIDIA's device plugin on a real kubelet and containerd, on the simulated
-# GPU node (hack/k8s-node/sim-run.sh's second run: the service applied the MIG layout
+# GPU node (hack/sim-node/sim-run.sh's second run: the service applied the MIG layout
 # SIM_MIG_LAYOUT, default all-1g, from its ExtensionServiceConfig, on 8 simulated H100s).
 # Run inside hack/k8s-node/cluster.sh -gpu, itself run by the harness while the service is up.
 # The expected values come from NVML and the kernel's files, not from the plugin or the
-# service: the MIG devices NVML reports (hack/simnvml/migls: go-nvml and go-nvlib, the
+# service: the MIG devices NVML reports (hack/sim-node/simnvml/migls: go-nvml and go-nvlib, the
 # plugin's own libraries, on the driver root's libnvidia-ml) and the capability minors of
 # /proc/driver/nvidia-caps/mig-minors (as kernel-open/nvidia/nv-caps.c lists them; the
-# simulated driver's file, which hack/simnvml/prochook shows in every container's /proc).
+# simulated driver's file, which hack/sim-node/simnvml/prochook shows in every container's /proc).
 # Checks:
 #   - the service is up with the layout applied;
 #   - migStrategy mixed (node label nvidia.com/device-plugin.config=mixed, deploy/'s named
@@ -22,7 +22,7 @@
 #     the same kind of nodes for its MIG device.
 # Prints PASS/FAIL lines; exits non-zero on a failure.
 set -uo pipefail
-# shellcheck source=hack/k8s-node/sim-lib.sh
+# shellcheck source=hack/sim-node/sim-lib.sh
 source "$(dirname "$0")/sim-lib.sh"
 layout=${SIM_MIG_LAYOUT:-all-1g}
 minors=/run/nvidia/sim/proc/driver/nvidia-caps/mig-minors

@@ -5,7 +5,7 @@ here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 top=$(cd "$here/../.." && pwd)
 check_name=k8s-node-sim
 # shellcheck source=hack/k8s-node/checks.sh
-source "$(dirname "${BASH_SOURCE[0]}")/checks.sh"
+source "$top/hack/k8s-node/checks.sh"
 ns=nvidia-gpu
 img=talos-nvidia/k8s-node-base:test
 

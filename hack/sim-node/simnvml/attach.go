@@ -26,7 +26,7 @@ import (
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 
-	"github.com/talos-nvidia/nvidia-driver/hack/simnvml/state"
+	"github.com/talos-nvidia/nvidia-driver/hack/sim-node/simnvml/state"
 	"github.com/talos-nvidia/nvidia-driver/internal/sim"
 )
 

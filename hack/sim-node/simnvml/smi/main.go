@@ -1,4 +1,4 @@
-// Command smi stands in for nvidia-smi in the simulated node's subroot (hack/simnvml/build.sh
+// Command smi stands in for nvidia-smi in the simulated node's subroot (hack/sim-node/simnvml/build.sh
 // installs it as usr/bin/nvidia-smi): NVIDIA's nvidia-smi refuses the simulated
 // libnvidia-ml (it needs NVML's internal export tables, which no public header describes),
 // so the GPU Operator's validator, which runs the driver root's nvidia-smi, could never pass
@@ -52,7 +52,7 @@ func run(args []string, stdout io.Writer) error {
 	}
 
 	if len(args) > 0 && args[0] == "--version" {
-		fmt.Fprintf(stdout, "nvidia-smi stand-in (hack/simnvml/smi)\nDRIVER version : %s\n", driver)
+		fmt.Fprintf(stdout, "nvidia-smi stand-in (hack/sim-node/simnvml/smi)\nDRIVER version : %s\n", driver)
 
 		return nil
 	}
@@ -66,7 +66,7 @@ func run(args []string, stdout io.Writer) error {
 		return errors.New("no GPU found")
 	}
 
-	fmt.Fprintf(stdout, "simulated NVML, driver %s (nvidia-smi stand-in, hack/simnvml/smi)\n", driver)
+	fmt.Fprintf(stdout, "simulated NVML, driver %s (nvidia-smi stand-in, hack/sim-node/simnvml/smi)\n", driver)
 
 	for i := range n {
 		dev, ret := lib.DeviceGetHandleByIndex(i)

@@ -1,6 +1,6 @@
 // Command simnvml is a libnvidia-ml.so.1 of this project's own: the NVML C functions, with
 // the semantics nvml.h (go-nvml pkg/nvml/nvml.h) documents, answered by the simulated GPUs
-// of internal/sim. It is built as a C shared library (hack/simnvml/build.sh:
+// of internal/sim. It is built as a C shared library (hack/sim-node/simnvml/build.sh:
 // go build -buildmode=c-shared) and put in a test subroot in place of NVIDIA's, so that
 // NVIDIA's own programs (the device plugin, nvcdi in the service's CDI job) and the
 // service's NVML jobs run unchanged on a node without a GPU. It is never part of the product.
@@ -49,7 +49,7 @@ import (
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 
-	"github.com/talos-nvidia/nvidia-driver/hack/simnvml/state"
+	"github.com/talos-nvidia/nvidia-driver/hack/sim-node/simnvml/state"
 	"github.com/talos-nvidia/nvidia-driver/internal/sim"
 )
 

@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # A simulated GPU node's "kernel driver", run by the harness on its Talos-shaped node before
 # the service starts (hack/harness -before-boot), as a node loads its modules before
-# extension services start. For hack/k8s-node/sim-run.sh:
+# extension services start. For hack/sim-node/sim-run.sh:
 #   - the simulated NVML's state (8 H100 80GB on an HGX board: 4 NVSwitches, the GPUs
 #     registered with the NVLink fabric) in /dev/.simnvml, where every NVML client on the node
 #     finds it: the service's NVML jobs through /dev, the device plugin through the driver
-#     root's dev/ (hack/simnvml/main.go);
+#     root's dev/ (hack/sim-node/simnvml/main.go);
 #   - the /proc and /sys files a loaded driver offers (sim.WriteProcFS, sim.WriteNVSwitchFS:
 #     /proc/devices with the nvidia-frontend, nvidia-uvm, nvidia-caps, nvidia-nvswitch majors,
 #     /proc/driver/nvidia/{version,params,gpus/*/information}, /proc/driver/nvidia-caps/

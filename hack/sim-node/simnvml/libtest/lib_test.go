@@ -1,4 +1,4 @@
-// Package libtest tests the simulated libnvidia-ml (hack/simnvml) from outside: a test of
+// Package libtest tests the simulated libnvidia-ml (hack/sim-node/simnvml) from outside: a test of
 // package main would link the library's functions into the test binary, where they would
 // answer in place of the library that the test loads.
 package libtest_test
@@ -15,7 +15,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/talos-nvidia/nvidia-driver/hack/simnvml/state"
+	"github.com/talos-nvidia/nvidia-driver/hack/sim-node/simnvml/state"
 	"github.com/talos-nvidia/nvidia-driver/pkg/gpu"
 )
 
@@ -145,5 +145,5 @@ func TestStubsCurrent(t *testing.T) {
 
 	after, err := os.ReadFile("../stubs.c")
 	require.NoError(t, err)
-	assert.Equal(t, string(before), string(after), "run go generate ./hack/simnvml")
+	assert.Equal(t, string(before), string(after), "run go generate ./hack/sim-node/simnvml")
 }

@@ -1,9 +1,9 @@
 # The MIG pause cycle on the simulated GPU node (docs/mig.md, section 5), end to end: a layout
 # that changes the MIG mode while NVIDIA's device plugin holds the GPUs open (the simulated
-# driver refuses the change then: hack/simnvml attach.go), the service's pause through its NFD
+# driver refuses the change then: hack/sim-node/simnvml attach.go), the service's pause through its NFD
 # feature file, Node Feature Discovery v0.18.2 turning it into the GPU Operator's labels,
 # deploy/'s DaemonSets taking their pods off the node, the layout applied, the pause lifted and
-# the pods back, each step timed. The layout is hack/k8s-node/sim-mig.yaml's gpu0-mig-on (MIG
+# the pods back, each step timed. The layout is hack/sim-node/sim-mig.yaml's gpu0-mig-on (MIG
 # on GPU 0, no instances; the file is in the service's document from the start, sim-run.sh):
 # with MIG instances, nvcdi (the service's and the plugin's) reads
 # /proc/driver/nvidia-caps/mig-minors from the kernel's /proc, where a simulated driver cannot
@@ -16,7 +16,7 @@
 # the service's document is changed through the harness (HARNESS_DOCUMENT_REQUESTS), its log
 # read at HARNESS_SERVICE_LOG.
 
-. "$here/nfd.sh"
+. "$top/hack/k8s-node/nfd.sh"
 status=/run/nvidia-driver/status.json
 sim_features=/run/nvidia/sim$nfd_features_d # the service's host root is /run/nvidia/sim
 features=$nfd_features_d/nvidia-driver

@@ -1,7 +1,7 @@
 // Command migls lists the MIG devices that an NVML library reports, as NVIDIA's programs see
 // them through go-nvml and go-nvlib (the device plugin's own libraries): one line per MIG
 // device, "UUID PROFILE PARENT-MINOR GI CI". The simulated node's checks
-// (hack/k8s-node/test-sim-mig.sh) compare what the device plugin advertises, and the
+// (hack/sim-node/test-sim-mig.sh) compare what the device plugin advertises, and the
 // device nodes each pod gets, with it.
 //
 //	migls -lib /run/nvidia/driver/usr/lib64/libnvidia-ml.so.1
