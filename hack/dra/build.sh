@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # NVIDIA's DRA driver for GPUs (kubernetes-sigs/dra-driver-nvidia-gpu, formerly
 # NVIDIA/k8s-dra-driver-gpu) built from its source at its release tag, for the test node
-# (hack/k8s-node/test-dra.sh). Its module is not served by the Go module proxy, so it is built
+# (hack/dra/test-dra.sh). Its module is not served by the Go module proxy, so it is built
 # from a git checkout of that repository that holds the tag:
 #
 #   hack/dra/build.sh CHECKOUT      (a clone, bare or not; DRA_OUT, default _out/dra)

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # NVIDIA's GPU Operator built from its source, with the images its setup-1 operands run
 # (deploy/gpu-operator/values-cdi.yaml: driver and toolkit off, CDI on), and its Helm chart
-# rendered the user way, for the test node (hack/k8s-node/test-operator.sh):
+# rendered the user way, for the test node (hack/gpu-operator/test-operator.sh):
 #
 #   hack/gpu-operator/build.sh                    (CI) the operator at the version the module
 #                                                 proxy serves, the one hack/k8s-node/validator/go.mod

@@ -1,6 +1,7 @@
-# The PASS/FAIL helpers of the test node's check scripts (test-cpu.sh, test-gpu.sh,
-# test-sharing.sh, test-dra.sh, hack/sim-node/sim-lib.sh), sourced after setting check_name (the prefix of
-# each line, e.g. k8s-node-sim). A script exits with $fail: 1 once any check failed.
+# The PASS/FAIL helpers of the test node's check scripts (test-cpu.sh here, test-gpu.sh,
+# test-sharing.sh, hack/dra/test-dra.sh, hack/gpu-operator/test-operator.sh,
+# hack/sim-node/sim-lib.sh), sourced after setting check_name (the prefix of each line, e.g.
+# k8s-node-sim). A script exits with $fail: 1 once any check failed.
 fail=0
 pass() { echo "$check_name: $*: PASS"; }
 failed() { echo "$check_name: $*: FAIL"; fail=1; }

@@ -15,10 +15,10 @@ test-k8s-sim: k8s-node build
 # CDI on), on the simulated GPU node: the operator and its validator at the module proxy's
 # newest version, the device plugin and GFD v0.19.0, built from source and the chart rendered
 # with helm (hack/gpu-operator/build.sh); the ClusterPolicy, every operand, the validator's
-# checks, allocatable and GFD's labels (hack/k8s-node/test-operator.sh; docs/gpu-operator.md).
+# checks, allocatable and GFD's labels (hack/gpu-operator/test-operator.sh; docs/gpu-operator.md).
 test-k8s-sim-operator: k8s-node build deploy-tools
 	hack/gpu-operator/build.sh
-	hack/sim-node/sim-run.sh hack/k8s-node/test-operator.sh
+	hack/sim-node/sim-run.sh hack/gpu-operator/test-operator.sh
 
 # Setup 2 (deploy/gpu-operator/values-nri.yaml: the toolkit in NRI plugin mode) on the simulated
 # GPU node with containerd's NRI on, as Talos 1.14 has it (cluster.sh K8S_NODE_NRI=1). NRI mode
@@ -31,4 +31,4 @@ test-k8s-sim-operator-nri: k8s-node build deploy-tools
 		{ echo "set GPU_OPERATOR_CHECKOUT and DEVICE_PLUGIN_CHECKOUT (git repositories with v26.7.0 and v0.20.0)" >&2; exit 2; }
 	GPU_OPERATOR_VALUES=deploy/gpu-operator/values-nri.yaml GPU_OPERATOR_OUT=$(CURDIR)/_out/gpu-operator-nri \
 		hack/gpu-operator/build.sh $(GPU_OPERATOR_CHECKOUT) $(DEVICE_PLUGIN_CHECKOUT)
-	GPU_OPERATOR_OUT=$(CURDIR)/_out/gpu-operator-nri K8S_NODE_NRI=1 hack/sim-node/sim-run.sh hack/k8s-node/test-operator.sh
+	GPU_OPERATOR_OUT=$(CURDIR)/_out/gpu-operator-nri K8S_NODE_NRI=1 hack/sim-node/sim-run.sh hack/gpu-operator/test-operator.sh

@@ -10,7 +10,7 @@
 #   3. while it is ready, a one-node cluster (cluster.sh -gpu) running test-sim.sh;
 #   4. the same with the MIG layout all-1g set in the service's ExtensionServiceConfig,
 #      running test-sim-mig.sh (the plugin's mixed and single strategies).
-# With TEST, only step 3, running TEST instead (hack/k8s-node/test-dra.sh runs NVIDIA's DRA
+# With TEST, only step 3, running TEST instead (hack/dra/test-dra.sh runs NVIDIA's DRA
 # driver there).
 #
 #   hack/sim-node/sim-run.sh [TEST]

@@ -29,7 +29,7 @@ cp -a "$src" "$out.new"
 chmod u+w "$out.new/usr/lib64"
 install -m 0755 _out/simnvml/libnvidia-ml.so "$out.new/usr/lib64/$real"
 # NVIDIA's nvidia-smi refuses the simulated library; its stand-in (hack/sim-node/simnvml/smi) lists the
-# GPUs through NVML, for the GPU Operator's validator (hack/k8s-node/test-operator.sh).
+# GPUs through NVML, for the GPU Operator's validator (hack/gpu-operator/test-operator.sh).
 chmod u+w "$out.new/usr/bin"
 install -m 0755 _out/bin/simnvml-smi "$out.new/usr/bin/nvidia-smi"
 echo "simnvml $(cat "$src/usr/share/nvidia-driver/source" 2>/dev/null)" | (chmod u+w "$out.new/usr/share/nvidia-driver" "$out.new/usr/share/nvidia-driver/source" && cat >"$out.new/usr/share/nvidia-driver/source")

@@ -2,7 +2,7 @@
 # NVIDIA's DRA driver for GPUs in place of deploy/'s device plugin, on a real Kubernetes node
 # where the extension's service has brought the GPUs up. Run inside hack/k8s-node/cluster.sh
 # -gpu: on the GPU test host by hack/k8s-node/gpu-dra.sh (gpu-run.sh), on the simulated GPU
-# node by `hack/sim-node/sim-run.sh hack/k8s-node/test-dra.sh` (NVML is hack/sim-node/simnvml there:
+# node by `hack/sim-node/sim-run.sh hack/dra/test-dra.sh` (NVML is hack/sim-node/simnvml there:
 # the driver root's usr/share/nvidia-driver/source says simnvml). Needs _out/dra from
 # hack/dra/build.sh (the image's root filesystem, the rendered chart, cdi-e2e). Checks:
 #   - deploy/dra and the chart as hack/dra/build.sh rendered it with deploy/dra/values.yaml,
@@ -29,7 +29,7 @@ here=$(cd "$(dirname "$0")" && pwd)
 top=$(cd "$here/../.." && pwd)
 check_name=k8s-node-dra
 # shellcheck source=hack/k8s-node/checks.sh
-source "$(dirname "${BASH_SOURCE[0]}")/checks.sh"
+source "$top/hack/k8s-node/checks.sh"
 dra=${DRA_OUT:-$top/_out/dra}
 ns=nvidia-dra-driver-gpu
 logs=${K8S_NODE_RESULTS:-$K8S_NODE_DIR/logs}
@@ -107,7 +107,7 @@ if [[ $sim == 0 ]]; then
 fi
 
 # --- the workload
-. "$here/workload.sh"
+. "$top/hack/k8s-node/workload.sh"
 work='ls /dev | grep nvidia | sort | xargs echo'
 if [[ $sim == 1 ]]; then
 	img=talos-nvidia/k8s-node-base:test

@@ -4,7 +4,7 @@
 # hack/gpu-operator/build.sh rendered it with GPU_OPERATOR_VALUES, the node with
 # K8S_NODE_NRI=1), on a real Kubernetes node where the extension's service has brought the GPUs up.
 # Run inside hack/k8s-node/cluster.sh -gpu: on the simulated GPU node by
-# `hack/sim-node/sim-run.sh hack/k8s-node/test-operator.sh` (make test-k8s-sim-operator), on
+# `hack/sim-node/sim-run.sh hack/gpu-operator/test-operator.sh` (make test-k8s-sim-operator), on
 # the GPU test host by hack/k8s-node/gpu-operator.sh (gpu-run.sh). Needs _out/gpu-operator
 # from hack/gpu-operator/build.sh (the images' root filesystems, the rendered chart).
 # Checks, each PASS or FAIL:
@@ -36,7 +36,7 @@ here=$(cd "$(dirname "$0")" && pwd)
 top=$(cd "$here/../.." && pwd)
 check_name=k8s-node-operator
 # shellcheck source=hack/k8s-node/checks.sh
-source "$here/checks.sh"
+source "$top/hack/k8s-node/checks.sh"
 go_out=${GPU_OPERATOR_OUT:-$top/_out/gpu-operator}
 ns=gpu-operator
 logs=${K8S_NODE_RESULTS:-$K8S_NODE_DIR/logs}
@@ -52,7 +52,7 @@ values=${values:-deploy/gpu-operator/values-cdi.yaml}
 nri=0
 grep -q '^ *nriPluginEnabled: true' "$go_out/gpu-operator.yaml" 2>/dev/null && nri=1
 echo "  values: $values; toolkit NRI plugin mode: $nri"
-. "$here/workload.sh"
+. "$top/hack/k8s-node/workload.sh"
 
 # --- the images, packed from their root filesystems as images.sh packs
 if [[ $sim == 0 && -d $go_out/rootfs/gpu-operator ]]; then
@@ -62,7 +62,7 @@ if [[ $sim == 0 && -d $go_out/rootfs/gpu-operator ]]; then
 	r=$K8S_NODE_DIR/operator-rootfs
 	cp -a "$go_out/rootfs/gpu-operator" "$r"
 	nvcc=$(command -v nvcc || ls /usr/local/cuda/bin/nvcc 2>/dev/null)
-	if "$nvcc" -O2 -arch=sm_90 -o "$r/usr/bin/vectorAdd" "$here/workload/vecadd.cu" 2>"$logs/nvcc-vectorAdd.log"; then
+	if "$nvcc" -O2 -arch=sm_90 -o "$r/usr/bin/vectorAdd" "$top/hack/k8s-node/workload/vecadd.cu" 2>"$logs/nvcc-vectorAdd.log"; then
 		for l in $(ldd "$r/usr/bin/vectorAdd" | grep -o '/[^ ]*' | grep -v -e 'libc\.so' -e 'ld-linux' -e 'libm\.so' -e 'libdl\.so' -e 'libpthread\.so' -e 'librt\.so' | sort -u); do
 			mkdir -p "$r$(dirname "$l")" && cp -L "$l" "$r$l"
 		done
@@ -98,11 +98,11 @@ if [[ $sim == 1 ]]; then
 		# "creating NodeFeature object"; v26.7.0 sets USE_NODE_FEATURE_API=false only on
 		# OpenShift), which needs NFD's CRDs and nfd-master to become the Node's labels: NFD
 		# v0.18.2's master here, without its worker.
-		. "$here/nfd.sh"
+		. "$top/hack/k8s-node/nfd.sh"
 		nfd_deploy master
 	fi
 else
-	. "$here/nfd.sh"
+	. "$top/hack/k8s-node/nfd.sh"
 	nfd_deploy
 	if until_true 120 'test "$(jp node "$K8S_NODE" -o "jsonpath={.metadata.labels.feature\.node\.kubernetes\.io/pci-10de\.present}")" = true'; then
 		pass "NFD labelled the node feature.node.kubernetes.io/pci-10de.present=true (NVIDIA's PCI vendor)"
