@@ -19,7 +19,7 @@
 #   make test-talos-controls  the Talos node's three controls, each on its own boot
 #   make test-arm64           the arm64 service, subroot and extension under qemu-user
 #   make test-all             test and the four above
-#   make e2e-gpu, hack/k8s-node/gpu-run.sh ...   on a host with an NVIDIA GPU (README)
+#   make e2e-gpu, hack/gpu-host/gpu-run.sh ...   on a host with an NVIDIA GPU (README)
 
 SHELL := /bin/bash
 OUT ?= _out
@@ -43,7 +43,7 @@ HOOK_PKG := github.com/NVIDIA/nvidia-container-toolkit/cmd/nvidia-cdi-hook
 SUBROOT := $(OUT)/subroot-debian
 SUBROOT_ARM64 := $(OUT)/subroot-debian-arm64
 
-.PHONY: all check test-all build binaries binaries-arm64 test-arm64 extension-arm64 release-image subroot test lint demo deps clean e2e-tools e2e-gpu extension harness flavors
+.PHONY: all check test-all build binaries binaries-arm64 test-arm64 extension-arm64 release-image subroot test lint demo deps clean extension harness flavors
 
 all: build
 
@@ -139,12 +139,12 @@ deps:
 	bash hack/dev/install-deploy-test-deps.sh
 	hack/talos-node/install-deps.sh
 
-# hack/consumers is a module of its own (NVIDIA's device plugin at its own dependency
+# hack/gpu-host/consumers is a module of its own (NVIDIA's device plugin at its own dependency
 # versions, and the e2e's pod-to-OCI translation): vetted and tested from its directory.
 # hack/talos114 too: the product's validators built with Talos 1.14's machinery (the
 # product's go.mod stays on 1.13's), and the 1.14 example patches on 1.14's generated config;
 # hack/talos113: the 1.13 example patches on v1.13.9's generated config.
-TEST_MODULES := . hack/consumers hack/talos113 hack/talos114
+TEST_MODULES := . hack/gpu-host/consumers hack/talos113 hack/talos114
 
 # The fast loop: no upstream program built, no node booted.
 check: lint
@@ -173,7 +173,7 @@ lint:
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt would change:"; echo "$$out"; exit 1; fi
 	go vet ./...
 	go vet -tags simulate ./service
-	cd hack/consumers && go vet ./...
+	cd hack/gpu-host/consumers && go vet ./...
 	cd hack/talos113 && go vet ./...
 	cd hack/talos114 && go vet ./...
 	cd hack/k8s-node/runtime && go vet ./...
@@ -211,26 +211,8 @@ demo: build
 	go build -trimpath -tags simulate -o $(OUT)/bin/nvidia-driver-demo ./service
 	hack/dev/demo.sh
 
-# What the GPU end-to-end test needs besides `make build`: nvidia-ctk from the same toolkit
-# version (the reference), its Go helpers, the persistenced test driver, NVIDIA's device
-# plugin and GPU feature discovery from their module at the chart's version (hack/consumers)
-# with the manifests they run from (hack/render-consumers.sh), and Debian's runc as .deb
-# files for hosts without runc.
-e2e-tools: build deploy-tools
-	go build -trimpath -o $(OUT)/bin/nvidia-ctk github.com/NVIDIA/nvidia-container-toolkit/cmd/nvidia-ctk
-	go build -trimpath -o $(OUT)/bin/cdi-e2e ./hack/cdi-e2e
-	cd hack/consumers && go build -trimpath -ldflags '-s -w' -o $(abspath $(OUT))/bin/ \
-	  github.com/NVIDIA/k8s-device-plugin/cmd/nvidia-device-plugin \
-	  github.com/NVIDIA/k8s-device-plugin/cmd/gpu-feature-discovery ./kubelet-e2e ./devchar-e2e
-	hack/render-consumers.sh $(OUT)/e2e
-	CGO_ENABLED=0 go build -trimpath -o $(OUT)/bin/persistenced-e2e ./hack/persistenced-e2e
-	mkdir -p $(OUT)/debs && cd $(OUT)/debs && apt-get download -q runc libseccomp2 >/dev/null
-
-# On a host with an NVIDIA GPU (skipped elsewhere): see hack/e2e-gpu.sh.
-e2e-gpu: e2e-tools
-	hack/e2e-gpu.sh
-
 include hack/dev/deploy.mk
+include hack/gpu-host/gpu-host.mk
 include hack/k8s-node.mk
 include hack/sim-node/sim-node.mk
 include hack/talos-node/talos-node.mk

@@ -24,7 +24,7 @@
 #   images/dra-driver.tar      that image, registry.k8s.io/dra-driver-nvidia/dra-driver-nvidia-gpu:TAG
 #                              (the chart's default image for the tag, so the rendered chart
 #                              needs no image override), packed by hack/k8s-node/image
-#   bin/cdi-e2e                hack/cdi-e2e (static), which test-dra.sh checks the driver's CDI
+#   bin/cdi-e2e                hack/gpu-host/cdi-e2e (static), which test-dra.sh checks the driver's CDI
 #                              specs with
 #   dra-driver.yaml            the chart (deployments/helm/dra-driver-nvidia-gpu of the tag)
 #                              rendered as a user renders it: helm template with
@@ -70,7 +70,7 @@ if [[ $(cat "$out/.stamp" 2>/dev/null) != "$stamp" ]]; then
 	echo "$stamp" >"$out/.stamp"
 fi
 # The project's CDI spec checker, for test-dra.sh on a host without Go.
-(cd "$top" && CGO_ENABLED=0 go build -trimpath -ldflags "-s -w" -o "$out/bin/cdi-e2e" ./hack/cdi-e2e)
+(cd "$top" && CGO_ENABLED=0 go build -trimpath -ldflags "-s -w" -o "$out/bin/cdi-e2e" ./hack/gpu-host/cdi-e2e)
 r=$out/rootfs/dra-driver
 "$top/hack/k8s-node/images.sh" base "$r"
 install -m 0755 "$out/bin/gpu-kubelet-plugin" "$r/usr/bin/gpu-kubelet-plugin"

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Packs what hack/k8s-node/gpu-dra.sh needs besides hack/k8s-node/carry.sh's two archives into
+# Packs what hack/gpu-host/gpu-dra.sh needs besides hack/gpu-host/gpu-run-carry.sh's two archives into
 # DEST/dra.tar.xz (default .carry/k8s of this checkout), for the GPU test host, which has no
 # Go and no network: hack/dra/build.sh's _out/dra without its source tree and image archive
 # (the image's root filesystem and packing flags, packed on the host by test-dra.sh as
@@ -8,7 +8,7 @@
 #
 # On the host, after node.tar.xz and tree.tar.xz: python3 -c "import tarfile;
 # tarfile.open('dra.tar.xz').extractall('/tmp/t', filter='fully_trusted')", then
-# /tmp/t/hack/k8s-node/gpu-dra.sh.
+# /tmp/t/hack/gpu-host/gpu-dra.sh.
 set -euo pipefail
 top=$(cd "$(dirname "$0")/../.." && pwd)
 dest=${1:-$top/.carry/k8s}

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # NVIDIA's DRA driver for GPUs in place of deploy/'s device plugin, on a real Kubernetes node
 # where the extension's service has brought the GPUs up. Run inside hack/k8s-node/cluster.sh
-# -gpu: on the GPU test host by hack/k8s-node/gpu-dra.sh (gpu-run.sh), on the simulated GPU
+# -gpu: on the GPU test host by hack/gpu-host/gpu-dra.sh (gpu-run.sh), on the simulated GPU
 # node by `hack/sim-node/sim-run.sh hack/dra/test-dra.sh` (NVML is hack/sim-node/simnvml there:
 # the driver root's usr/share/nvidia-driver/source says simnvml). Needs _out/dra from
 # hack/dra/build.sh (the image's root filesystem, the rendered chart, cdi-e2e). Checks:

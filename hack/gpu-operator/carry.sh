@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Packs what hack/k8s-node/gpu-operator.sh needs besides hack/k8s-node/carry.sh's two archives
+# Packs what hack/gpu-host/gpu-operator.sh needs besides hack/gpu-host/gpu-run-carry.sh's two archives
 # into DEST/gpu-operator.tar.xz (default .carry/k8s of this checkout, git-ignored), for the GPU
 # test host, which has no Go and no network: hack/gpu-operator/build.sh's _out/gpu-operator (the
 # images' root filesystems and packing flags, which test-operator.sh packs on the host, the
@@ -8,7 +8,7 @@
 #
 # On the host, after node.tar.xz and tree.tar.xz: python3 -c "import tarfile;
 # tarfile.open('gpu-operator.tar.xz').extractall('/tmp/t', filter='fully_trusted')", then
-# /tmp/t/hack/k8s-node/gpu-operator.sh.
+# /tmp/t/hack/gpu-host/gpu-operator.sh.
 set -euo pipefail
 top=$(cd "$(dirname "$0")/../.." && pwd)
 dest=${1:-$top/.carry/k8s}

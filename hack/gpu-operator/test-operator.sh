@@ -5,7 +5,7 @@
 # K8S_NODE_NRI=1), on a real Kubernetes node where the extension's service has brought the GPUs up.
 # Run inside hack/k8s-node/cluster.sh -gpu: on the simulated GPU node by
 # `hack/sim-node/sim-run.sh hack/gpu-operator/test-operator.sh` (make test-k8s-sim-operator), on
-# the GPU test host by hack/k8s-node/gpu-operator.sh (gpu-run.sh). Needs _out/gpu-operator
+# the GPU test host by hack/gpu-host/gpu-operator.sh (gpu-run.sh). Needs _out/gpu-operator
 # from hack/gpu-operator/build.sh (the images' root filesystems, the rendered chart).
 # Checks, each PASS or FAIL:
 #   - the operator's images packed and imported; the chart as rendered applied server-side;

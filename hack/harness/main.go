@@ -60,7 +60,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	hold := fs.Duration("hold", 3*time.Second, "watch the service this long after -until before stopping it")
 	afterPhases := fs.String("after-ready-phases", "ready", "the service phases in which -after-ready runs")
 	beforeBoot := fs.String("before-boot", "", "shell command to run on the node once the extension is laid, before the service starts (e.g. hack/sim-node/sim-node.sh)")
-	afterReady := fs.String("after-ready", "", "shell command to run while the service is ready (e.g. hack/e2e-workload.sh)")
+	afterReady := fs.String("after-ready", "", "shell command to run while the service is ready (e.g. hack/gpu-host/e2e-workload.sh)")
 	docAfter := fs.Duration("document-after", 0, "boot without the ExtensionServiceConfig and add it this long after the service started")
 	then := fs.String("then", "", "once -until and -hold are over: restart (stop and start the service), change (apply -then-env as a change of the document) or remove (delete the document); then wait for -until again and stop")
 	fs.Var(&thenEnv, "then-env", "environment of the changed document for -then change (repeatable)")

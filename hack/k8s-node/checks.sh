@@ -1,6 +1,6 @@
-# The PASS/FAIL helpers of the test node's check scripts (test-cpu.sh here, test-gpu.sh,
-# test-sharing.sh, hack/dra/test-dra.sh, hack/gpu-operator/test-operator.sh,
-# hack/sim-node/sim-lib.sh), sourced after setting check_name (the prefix of each line, e.g.
+# The PASS/FAIL helpers of the test node's check scripts (test-cpu.sh here,
+# hack/gpu-host/test-gpu.sh and test-sharing.sh, hack/dra/test-dra.sh,
+# hack/gpu-operator/test-operator.sh, hack/sim-node/sim-lib.sh), sourced after setting check_name (the prefix of each line, e.g.
 # k8s-node-sim). A script exits with $fail: 1 once any check failed.
 fail=0
 pass() { echo "$check_name: $*: PASS"; }

@@ -1,5 +1,5 @@
 # Node Feature Discovery v0.18.2 on the one-node test cluster, as docs/kubernetes.md ("Labels
-# from the host") asks of an NFD deployment. Sourced by test-cpu.sh and test-gpu.sh inside
+# from the host") asks of an NFD deployment. Sourced by test-cpu.sh and hack/gpu-host/test-gpu.sh inside
 # cluster.sh, which define check, failed and jp; needs K8S_NODE, K8S_NODE_DIR and
 # K8S_NODE_IMAGES (cluster.sh) and top (the checkout).
 #

@@ -2,7 +2,7 @@
 # driver-validation init container (gpu-operator assets/state-operator-validation/
 # 0500_daemonset.yaml, its Role from 0200_role.yaml): privileged, the host's / at /host, the
 # driver root /run/nvidia/driver at the same path, /run/nvidia/validations, /dev/char, with the
-# setting docs/driver-root.md gives GPU Operator users. Sourced by test-gpu.sh (uses its
+# setting docs/driver-root.md gives GPU Operator users. Sourced by hack/gpu-host/test-gpu.sh (uses its
 # helpers); WITH_WAIT=false so that a failure shows at once.
 kubectl apply -f - >/dev/null <<EOF
 apiVersion: v1

@@ -50,7 +50,7 @@ type Options struct {
 	// Log receives progress lines.
 	Log io.Writer
 	// AfterReady, when set, is a shell command run on the host side while the service is
-	// ready (e.g. hack/e2e-workload.sh: a CUDA container through the service's CDI spec).
+	// ready (e.g. hack/gpu-host/e2e-workload.sh: a CUDA container through the service's CDI spec).
 	AfterReady string
 	// Changes, with AfterReady, runs AfterReady in the background and meanwhile changes the
 	// document this many times (its NVIDIA_DRIVER_LOG_LEVEL toggled between debug and info),

@@ -484,7 +484,7 @@ func TestHarnessExitsNonZeroWhenItsCheckFails(t *testing.T) {
 
 // TestDocumentChangesWhileAWorkloadRuns: three changes of the document, each a stop and
 // start by Talos, while a command runs on the host side (on the H200, a CUDA workload:
-// hack/e2e-restarts.sh). The service comes back ready each time and reuses its driver root.
+// hack/gpu-host/e2e-restarts.sh). The service comes back ready each time and reuses its driver root.
 func TestDocumentChangesWhileAWorkloadRuns(t *testing.T) {
 	res, code := runExit(t, "", simulated("-env", "NVIDIA_DRIVER_PERSISTENCED=false", "-until", "ready", "-wait", "30s", "-hold", "0s",
 		"-changes", "3", "-after-ready", "sleep 2")...)

@@ -123,7 +123,7 @@ func talosRoot(scratch string) error {
 
 // HostRootDir is where, under the harness's scratch directory, the build machine's root is
 // bound read-only (without its submounts): the -after-ready command gets it as
-// HARNESS_HOST_ROOT, to make container root filesystems of (hack/e2e-lib.sh).
+// HARNESS_HOST_ROOT, to make container root filesystems of (hack/gpu-host/e2e-lib.sh).
 func HostRootDir(scratch string) string { return filepath.Join(scratch, "host-root") }
 
 // bindDir binds the directory src, with its submounts, at target.

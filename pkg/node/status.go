@@ -9,7 +9,7 @@ import (
 )
 
 // The status contract, version StatusContract: what the status and readiness files promise
-// their readers (hack/e2e-gpu.sh, hack/k8s-node/*.sh, internal/harness, service tests, the
+// their readers (hack/gpu-host/e2e-gpu.sh, hack/k8s-node/*.sh, internal/harness, service tests, the
 // docs' `talosctl read`, people), in one place:
 //   - the status file is at StatusPath (config.StatusFile under the host root), written whole
 //     and atomically on every change, as the JSON of Status;

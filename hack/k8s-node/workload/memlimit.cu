@@ -1,4 +1,4 @@
-// memlimit: the sharing tests' memory workload (hack/k8s-node/test-sharing.sh). It holds
+// memlimit: the sharing tests' memory workload (hack/gpu-host/test-sharing.sh). It holds
 // HOLD_GIB of device memory (filled and read back on the GPU, so the memory is really used)
 // for HOLD_SECONDS, then, with OVER_GIB, tries one more allocation of that size:
 //   memlimit HOLD_GIB HOLD_SECONDS [OVER_GIB]

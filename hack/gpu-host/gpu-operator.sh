@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# NVIDIA's GPU Operator, setup 1 (deploy/gpu-operator/values-cdi.yaml), on the GPU test host:
+# hack/gpu-host/gpu-run.sh with hack/gpu-operator/test-operator.sh, from the packs of
+# hack/gpu-host/gpu-run-carry.sh and hack/gpu-operator/carry.sh unpacked into one directory. Output in
+# $OUT as gpu-run.sh's. The build (on a machine with Go and network), for the tag the brief
+# names: hack/gpu-operator/build.sh OPERATOR_CHECKOUT PLUGIN_CHECKOUT (v26.7.0, device plugin
+# v0.20.0); without checkouts it builds the module proxy's operator (as CI does).
+set -uo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+go_out=${GPU_OPERATOR_OUT:-$here/../../_out/gpu-operator}
+for f in "$go_out/gpu-operator.yaml" "$go_out/versions" "$go_out/rootfs/gpu-operator.flags"; do
+	[[ -e $f ]] || { echo "gpu-operator: $f is missing: unpack gpu-operator.tar.xz (hack/gpu-operator/carry.sh) here" >&2; exit 1; }
+done
+cat "$go_out/versions"
+exec "$here/gpu-run.sh" "$here/../gpu-operator/test-operator.sh"
