@@ -213,7 +213,7 @@ demo: build
 
 include hack/dev/deploy.mk
 include hack/gpu-host/gpu-host.mk
-include hack/k8s-node.mk
+include hack/k8s-node/k8s-node.mk
 include hack/sim-node/sim-node.mk
 include hack/talos-node/talos-node.mk
 
