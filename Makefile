@@ -141,10 +141,10 @@ deps:
 
 # hack/gpu-host/consumers is a module of its own (NVIDIA's device plugin at its own dependency
 # versions, and the e2e's pod-to-OCI translation): vetted and tested from its directory.
-# hack/talos114 too: the product's validators built with Talos 1.14's machinery (the
+# hack/talos-machinery/talos114 too: the product's validators built with Talos 1.14's machinery (the
 # product's go.mod stays on 1.13's), and the 1.14 example patches on 1.14's generated config;
-# hack/talos113: the 1.13 example patches on v1.13.9's generated config.
-TEST_MODULES := . hack/gpu-host/consumers hack/talos113 hack/talos114
+# hack/talos-machinery/talos113: the 1.13 example patches on v1.13.9's generated config.
+TEST_MODULES := . hack/gpu-host/consumers hack/talos-machinery/talos113 hack/talos-machinery/talos114
 
 # The fast loop: no upstream program built, no node booted.
 check: lint
@@ -174,8 +174,8 @@ lint:
 	go vet ./...
 	go vet -tags simulate ./service
 	cd hack/gpu-host/consumers && go vet ./...
-	cd hack/talos113 && go vet ./...
-	cd hack/talos114 && go vet ./...
+	cd hack/talos-machinery/talos113 && go vet ./...
+	cd hack/talos-machinery/talos114 && go vet ./...
 	cd hack/k8s-node/runtime && go vet ./...
 
 # EXTENSION_FLAGS: e.g. -name nvidia-driver-dev-host -payload _out/subroot-host (see hack/release/extension).

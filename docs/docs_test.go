@@ -40,7 +40,7 @@ type patched struct {
 }
 
 // workerConfig returns a generated worker config, as `talosctl gen config` makes it with this
-// module's machinery (v1.13.5; hack/talos113 runs the 1.13 patches on v1.13.9's, hack/talos114
+// module's machinery (v1.13.5; hack/talos-machinery/talos113 runs the 1.13 patches on v1.13.9's, hack/talos-machinery/talos114
 // the 1.14 ones on v1.14.1's); it validates on its own, so a validation error after patching
 // comes from the patch.
 func workerConfig(t *testing.T) talosconfig.Provider {
@@ -116,7 +116,7 @@ func loadService(t *testing.T, p patched) config.Config {
 // both releases at the top of examples/) on this module's machinery, each with what it must
 // do beyond validating. The link that keeps the worker patch's old path
 // (examples/gpu-worker.patch.yaml, for scripts that name it) is skipped; the 1.14 patches are
-// hack/talos114's.
+// hack/talos-machinery/talos114's.
 func TestMachineConfigPatches(t *testing.T) {
 	input := workerConfig(t)
 
@@ -270,7 +270,7 @@ func codeBlocks(t *testing.T, file string) []block {
 // Every machine config patch shown in the docs validates like the example files, and
 // one that names its file on its first line (`# docs/examples/NAME`) is that file
 // verbatim. A 1.14 patch (`# docs/examples/talos-1.14/NAME`) is only compared here: its
-// documents are 1.14's, which hack/talos114 validates; an unnamed one fails here.
+// documents are 1.14's, which hack/talos-machinery/talos114 validates; an unnamed one fails here.
 func TestDocsPatchesValidate(t *testing.T) {
 	input := workerConfig(t)
 	shown := 0

@@ -372,10 +372,10 @@ func TestValidatorsAreTheReleases(t *testing.T) {
 	// that is not go.mod's, by release.
 	known := map[string]map[string]string{
 		// 1.14's services.Spec adds runnerMode (default container) and preShutdown (host
-		// mode only), which the services leave unset; hack/talos114 (make test) parses every
+		// mode only), which the services leave unset; hack/talos-machinery/talos114 (make test) parses every
 		// service YAML strictly as 1.14's Spec and validates the extension with 1.14's code.
 		// extensions/*.go (Load, Validate, the constraint check) is the same.
-		"v1.14.1": {"services": "hack/talos114"},
+		"v1.14.1": {"services": "hack/talos-machinery/talos114"},
 	}
 
 	for _, r := range releases(t) {

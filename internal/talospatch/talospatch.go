@@ -1,8 +1,8 @@
 // Package talospatch applies a machine config patch the way talosctl does and validates the
 // result as an installed (metal) node does, with Talos's own code: configloader, configpatcher,
 // generate and the documents' Validate. It names no Talos release: it is compiled against the
-// machinery of the module that imports it (the product's go.mod: v1.13.5; hack/talos113:
-// v1.13.9; hack/talos114: v1.14.1), so one test runs each example patch against the
+// machinery of the module that imports it (the product's go.mod: v1.13.5; hack/talos-machinery/talos113:
+// v1.13.9; hack/talos-machinery/talos114: v1.14.1), so one test runs each example patch against the
 // `talosctl gen config` output of the release its module requires.
 package talospatch
 

@@ -10,7 +10,7 @@
 //     served; the container-mode node syncs no time;
 //   - github.com/cosi-project/runtime v1.16.3 and the github.com/jsimonetti/rtnetlink/v2
 //     pseudo-version v2.2.1-0.20260802200809-43bafec815b3 are not served: v1.16.2 and v2.3.0
-//     (released 2026-11-08, after that commit) are (the replace block at the end; hack/talos114
+//     (released 2026-11-08, after that commit) are (the replace block at the end; hack/talos-machinery/talos114
 //     uses the same two);
 //   - go mod tidy: the requires only Talos's tests use are gone (golang/mock, go-copy, testify,
 //     go-keyring, goleak, pod-security-admission), the rest are marked indirect, and

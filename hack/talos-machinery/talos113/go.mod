@@ -1,4 +1,4 @@
-module github.com/talos-nvidia/nvidia-driver/hack/talos113
+module github.com/talos-nvidia/nvidia-driver/hack/talos-machinery/talos113
 
 go 1.26.8
 
@@ -56,4 +56,4 @@ require (
 	gopkg.in/yaml.v2 v2.4.0 // indirect
 )
 
-replace github.com/talos-nvidia/nvidia-driver => ../..
+replace github.com/talos-nvidia/nvidia-driver => ../../..

@@ -1,4 +1,4 @@
-module github.com/talos-nvidia/nvidia-driver/hack/talos114
+module github.com/talos-nvidia/nvidia-driver/hack/talos-machinery/talos114
 
 go 1.26.8
 
@@ -76,7 +76,7 @@ require (
 	tags.cncf.io/container-device-interface/specs-go v1.1.1 // indirect
 )
 
-replace github.com/talos-nvidia/nvidia-driver => ../..
+replace github.com/talos-nvidia/nvidia-driver => ../../..
 
 // machinery v1.14.1 pins rtnetlink at a pseudo-version the module proxy does not serve
 // (v2.2.1-0.20260802200809-43bafec815b3); v2.3.0 is the first release after it.

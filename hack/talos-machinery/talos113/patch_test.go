@@ -24,7 +24,7 @@ import (
 func examples(t *testing.T) string {
 	t.Helper()
 
-	dir, err := filepath.Abs(filepath.Join("..", "..", "docs", "examples"))
+	dir, err := filepath.Abs(filepath.Join("..", "..", "..", "docs", "examples"))
 	require.NoError(t, err)
 
 	return dir
