@@ -114,9 +114,7 @@ func loadService(t *testing.T, p patched) config.Config {
 
 // TestMachineConfigPatches: the patches for Talos 1.13 (examples/talos-1.13/ and those for
 // both releases at the top of examples/) on this module's machinery, each with what it must
-// do beyond validating. The link that keeps the worker patch's old path
-// (examples/gpu-worker.patch.yaml, for scripts that name it) is skipped; the 1.14 patches are
-// hack/talos-machinery/talos114's.
+// do beyond validating; the 1.14 patches are hack/talos-machinery/talos114's.
 func TestMachineConfigPatches(t *testing.T) {
 	input := workerConfig(t)
 
@@ -124,17 +122,8 @@ func TestMachineConfigPatches(t *testing.T) {
 	for _, glob := range []string{"examples/talos-1.13/*.yaml", "examples/*.yaml"} {
 		files, err := filepath.Glob(glob)
 		require.NoError(t, err)
-		for _, f := range files {
-			fi, err := os.Lstat(f)
-			require.NoError(t, err)
-			if fi.Mode()&os.ModeSymlink == 0 {
-				examples = append(examples, f)
-			}
-		}
+		examples = append(examples, files...)
 	}
-	link, err := os.Readlink("examples/gpu-worker.patch.yaml")
-	require.NoError(t, err, "examples/gpu-worker.patch.yaml: a link to talos-1.13/'s, until hack/talos-node and hack/k8s-node name the new path")
-	assert.Equal(t, "talos-1.13/gpu-worker.patch.yaml", link)
 
 	// What each patch must do beyond validating, and for MIG patches the GPU they are
 	// written for: the layout is planned on simulated GPUs of that model.

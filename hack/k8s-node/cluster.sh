@@ -407,7 +407,7 @@ shutdownGracePeriodCriticalPods: 0s
 streamingConnectionIdleTimeout: 5m
 tlsMinVersion: VersionTLS13
 resolvConf: $W/resolv.conf
-# A GPU worker as docs/examples/gpu-worker.patch.yaml configures it.
+# A GPU worker as docs/examples/talos-1.13/gpu-worker.patch.yaml configures it.
 registerWithTaints: [{key: nvidia.com/gpu, value: present, effect: NoSchedule}]
 # The build machine's disk holds Go's caches and every build's outputs: at the kubelet's default
 # thresholds (image fs 15%, node fs 10%) it evicts the test's pods for what the machine holds,

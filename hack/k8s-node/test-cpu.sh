@@ -6,7 +6,7 @@
 #   - Pod Security is enforced as on Talos ("baseline"), so deploy/'s namespace label matters;
 #   - `kubectl apply -k deploy` passes server-side validation (dry run), then applies;
 #   - the DaemonSets schedule nowhere while the node lacks the label the docs name, and on it
-#     once it has the label (and the taint docs/examples/gpu-worker.patch.yaml registers);
+#     once it has the label (and the taint docs/examples/talos-1.13/gpu-worker.patch.yaml registers);
 #   - the device plugin's wait-for-driver init container holds the pod until the readiness
 #     file of the service exists, then the chart's config-manager reads the node's label
 #     through the API server and the plugin starts with migStrategy none;
@@ -65,8 +65,8 @@ for ds in nvidia-device-plugin dcgm-exporter; do
 	n=$(scheduled $ds)
 	check "$ds schedules on no node while the node lacks nvidia.com/gpu.present (desired: $n)" test "$n" = 0
 done
-grep -q 'nvidia.com/gpu.present: "true"' "$top/docs/examples/gpu-worker.patch.yaml" ||
-	failed "docs/examples/gpu-worker.patch.yaml no longer sets nvidia.com/gpu.present: \"true\""
+grep -q 'nvidia.com/gpu.present: "true"' "$top/docs/examples/talos-1.13/gpu-worker.patch.yaml" ||
+	failed "docs/examples/talos-1.13/gpu-worker.patch.yaml no longer sets nvidia.com/gpu.present: \"true\""
 kubectl label node "$K8S_NODE" nvidia.com/gpu.present=true >/dev/null
 for ds in nvidia-device-plugin dcgm-exporter; do
 	until_true 60 'test "$(scheduled $ds)" = 1'

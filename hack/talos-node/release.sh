@@ -25,7 +25,7 @@ v1.13.9)
 	guest_kernel=
 	node_patch=node.patch.yaml
 	k8s_patch=k8s.patch.yaml
-	worker_patch=docs/examples/gpu-worker.patch.yaml
+	worker_patch=docs/examples/talos-1.13/gpu-worker.patch.yaml
 	;;
 *)
 	echo "talos-node: TALOS_NODE_VERSION $TALOS_NODE_VERSION: not one of v1.14.1, v1.13.9" >&2

@@ -3,7 +3,7 @@
 # default, or v1.13.9), without a GPU, driven
 # only through talosctl and kubectl. Each check prints what Talos shows (talosctl service /
 # logs) and fails the script (exit 1) when its outcome is not the expected one. The node is
-# made from the docs' worker patch (docs/examples/gpu-worker.patch.yaml; v1.14.1:
+# made from the docs' worker patch (docs/examples/talos-1.13/gpu-worker.patch.yaml; v1.14.1:
 # docs/examples/talos-1.14/gpu-worker.patch.yaml) and bootstrapped as a user bootstraps one;
 # its images come from hack/talos-node/registry.sh.
 #   test.sh EXTENSION_DIR [STATE_DIR]

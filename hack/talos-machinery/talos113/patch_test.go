@@ -116,16 +116,12 @@ func TestExamplePatches113(t *testing.T) {
 	}
 
 	// every patch for 1.13 has a check: those under talos-1.13/ and the ones for both
-	// releases at the top (not the link that keeps the worker patch's old path)
+	// releases at the top
 	for _, glob := range []string{"talos-1.13/*.yaml", "*.patch.yaml"} {
 		files, err := filepath.Glob(filepath.Join(examples(t), glob))
 		require.NoError(t, err)
 
 		for _, f := range files {
-			if fi, err := os.Lstat(f); err == nil && fi.Mode()&os.ModeSymlink != 0 {
-				continue
-			}
-
 			name := strings.TrimPrefix(f, examples(t)+"/")
 			_, ok := checks[name]
 			assert.True(t, ok, "docs/examples/%s: add a check for it here", name)

@@ -147,10 +147,6 @@ func TestExamplePatches114(t *testing.T) {
 
 		for _, f := range files {
 			name := strings.TrimPrefix(f, filepath.Join(testutil.RepoRoot(t), "docs", "examples")+"/")
-			if fi, err := os.Lstat(f); err == nil && fi.Mode()&os.ModeSymlink != 0 {
-				continue // the old path of talos-1.13/gpu-worker.patch.yaml
-			}
-
 			if strings.HasPrefix(name, "talos-1.13/") {
 				continue
 			}
