@@ -4,7 +4,7 @@
 # Go and no network: hack/dra/build.sh's _out/dra without its source tree and image archive
 # (the image's root filesystem and packing flags, packed on the host by test-dra.sh as
 # images.sh packs the others), the rendered chart and cdi-e2e. Programs are stripped already
-# (-s -w); xz with the x86 filter as carry.sh.
+# (-s -w); xz with the x86 filter as gpu-run-carry.sh.
 #
 # On the host, after node.tar.xz and tree.tar.xz: python3 -c "import tarfile;
 # tarfile.open('dra.tar.xz').extractall('/tmp/t', filter='fully_trusted')", then

@@ -26,7 +26,7 @@ cd "$top"
 for f in _out/bin/nvidia-cdi-hook _out/bin/ldconfig _out/containers/nvidia-driver \
 	_out/k8s-node/bin/kube _out/k8s-node/base-spec.json _out/k8s-node/images/rootfs/device-plugin \
 	_out/k8s-node/images/nfd-deployment; do
-	[[ -e $f ]] || { echo "carry: $f is missing: run make build k8s-node" >&2; exit 1; }
+	[[ -e $f ]] || { echo "gpu-run-carry: $f is missing: run make build k8s-node" >&2; exit 1; }
 done
 CGO_ENABLED=0 go build -trimpath -ldflags "-s -w" -o _out/bin/harness ./hack/harness
 CGO_ENABLED=0 go build -trimpath -ldflags "-s -w" -o _out/bin/extension ./hack/release/extension
@@ -43,7 +43,7 @@ pack() { # NAME DICT: the tar of the paths on stdin, as DEST/NAME.tar.xz, unless
 		--exclude=_out/k8s-node/images/rootfs/device-plugin/bin/bash -T - --sort=name -cf "$dest/$name.tar"
 	sum=$(sha256sum <"$dest/$name.tar" | cut -c1-64)
 	if [[ -f $dest/$name.tar.xz && $(cat "$dest/$name.tar.sha256" 2>/dev/null) == "$sum" ]]; then
-		echo "carry: $name.tar unchanged" >&2
+		echo "gpu-run-carry: $name.tar unchanged" >&2
 	else
 		xz --x86 --lzma2=preset=9e,dict="$dict" -T1 -c "$dest/$name.tar" >"$dest/$name.tar.xz.tmp"
 		mv "$dest/$name.tar.xz.tmp" "$dest/$name.tar.xz"

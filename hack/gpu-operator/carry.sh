@@ -4,7 +4,7 @@
 # test host, which has no Go and no network: hack/gpu-operator/build.sh's _out/gpu-operator (the
 # images' root filesystems and packing flags, which test-operator.sh packs on the host, the
 # rendered chart, the versions). Programs are stripped already (-s -w); xz with the x86 filter
-# as carry.sh. One transfer holds at most 64 MiB: this goes in a call of its own.
+# as gpu-run-carry.sh. One transfer holds at most 64 MiB: this goes in a call of its own.
 #
 # On the host, after node.tar.xz and tree.tar.xz: python3 -c "import tarfile;
 # tarfile.open('gpu-operator.tar.xz').extractall('/tmp/t', filter='fully_trusted')", then
