@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# On a GPU host, as root: the service run as Talos runs it (hack/harness, runc 1.4.3), ready,
+# On a GPU host, as root: the service run as Talos runs it (hack/harness, runc 1.5.1), ready,
 # then its ExtensionServiceConfig changed three times (each a stop and start by Talos) while a
 # CUDA workload runs through the service's CDI spec (hack/gpu-host/e2e-long-workload.sh matmul) and containers
 # are started one after another (... starts), some during the restarts. Passes

@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
-# Builds the programs of a one-node Kubernetes test cluster at Talos v1.13.9's versions, from
+# Builds the programs of a one-node Kubernetes test cluster at Talos v1.14.1's versions, from
 # their Go modules (pinned in hack/k8s-node/kube/go.mod and hack/k8s-node/runtime/go.mod), into
 # OUT (default _out/k8s-node):
 #   bin/kube          kubelet, kube-apiserver, kube-scheduler, kube-controller-manager, kubectl
 #                     and etcd in one binary (links by those names point at it)
-#   bin/containerd, bin/ctr, bin/containerd-shim-runc-v2   containerd 2.2.7
-#   bin/runc          runc 1.4.3, static, with seccomp (Talos's kubelet defaults to the
+#   bin/containerd, bin/ctr, bin/containerd-shim-runc-v2   containerd 2.3.5
+#   bin/runc          runc 1.5.1, static, with seccomp (Talos's kubelet defaults to the
 #                     RuntimeDefault seccomp profile)
 #   base-spec.json    Talos's CRI base runtime spec for this platform (see runtime/base-spec)
 #   bin/node-setup    the node's network namespace and certificates (see runtime/node-setup)
@@ -40,7 +40,10 @@ if [[ $parts == *" kube "* && "$(cat "$out/.stamp-kube" 2>/dev/null)" != "$kube_
 	k8s_minor=${k8s_version#v*.}
 	k8s_minor=${k8s_minor%%.*}
 	echo "k8s-node: building Kubernetes $k8s_version (kubelet, control plane, kubectl, etcd) into $out/bin" >&2
-	(cd "$here/kube" && CGO_ENABLED=0 go build -trimpath -o "$out/bin/kube" -ldflags "-s -w \
+	# With machined's GOAMD64 and grpc tag (hack/talos-node/build.sh) and, in kube/go.mod, the
+	# versions machined v1.14.1 builds the modules both use at: the thousand packages the two
+	# share (client-go, the API types, grpc, etcd's client) compile once.
+	(cd "$here/kube" && CGO_ENABLED=0 GOAMD64=v2 go build -trimpath -tags grpcnotrace -o "$out/bin/kube" -ldflags "-s -w \
 		-X k8s.io/component-base/version.gitVersion=$k8s_version \
 		-X k8s.io/component-base/version.gitMajor=1 \
 		-X k8s.io/component-base/version.gitMinor=$k8s_minor \

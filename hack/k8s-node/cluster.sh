@@ -4,7 +4,7 @@
 #   hack/k8s-node/cluster.sh [-gpu] [-logs DIR] -- COMMAND [ARGS...]
 #
 # etcd, kube-apiserver, kube-controller-manager, kube-scheduler, containerd (with runc and the
-# bridge CNI) and the kubelet, built by hack/k8s-node/build.sh at Talos v1.13.9's versions, run
+# bridge CNI) and the kubelet, built by hack/k8s-node/build.sh at Talos v1.14.1's versions, run
 # in their own PID, mount and network namespaces; the pause, device plugin and test images
 # (hack/k8s-node/images.sh) are imported into containerd, nothing is pulled. COMMAND runs in
 # those namespaces once the node is Ready, with KUBECONFIG (cluster-admin), K8S_NODE (the node's
@@ -15,10 +15,10 @@
 # machine: a second refuses to start while the first runs.
 #
 # Talos's configuration, where it matters to a GPU node (sources named where used):
-# containerd's CRI config is Talos v1.13.9's (hack/cri-containerd.toml, hack/cri-plugin.part:
+# containerd's CRI config is Talos v1.14.1's (hack/cri-containerd.toml, hack/cri-plugin.part:
 # CDI on, spec dir /run/cdi, which is also /var/run/cdi where the device plugin writes, since
-# /var/run links to /run on Talos as on these hosts; runc with Talos's base runtime spec, NRI
-# off); the kubelet's is
+# /var/run links to /run on Talos as on these hosts; runc with Talos's base runtime spec; NRI on,
+# containerd 2.x's default, as v1.14.1's part has no NRI section); the kubelet's is
 # what Talos's k8s.KubeletSpecController writes (cgroupfs, RuntimeDefault seccomp, webhook
 # authn/authz, protectKernelDefaults, ...); the API server enforces Pod Security "baseline"
 # outside kube-system as Talos's generated config does. What differs, for a test node:
@@ -31,11 +31,10 @@
 #     (/run/nvidia/driver, /run/cdi, /run/nvidia/validations);
 #   - on machines that need it: restrict_oom_score_adj in containerd (VMs that refuse to lower
 #     OOM scores) and failCgroupV1: false in the kubelet (cgroup v1);
-#   - K8S_NODE_NRI=1: containerd's NRI on (/var/run/nri/nri.sock), as in Talos v1.14's
-#     hack/cri-plugin.part, which has no NRI section and so keeps containerd 2.x's default
-#     (plugins/nri: Disable false); v1.13.9's part, copied here, turns it off. Set in
-#     00-base.part itself (whether a `disable = false` in a later import undoes the base's
-#     true was not checked);
+#   - the runc shim's cgroup: v1.14.1's part puts it in /podruntime/shim (ShimCgroup), a
+#     cgroup that machined makes; here the shims stay in containerd's cgroup;
+#   - K8S_NODE_NRI=0: containerd's NRI off (no /var/run/nri/nri.sock), as v1.13.9's part has it
+#     ([plugins."io.containerd.nri.v1.nri"] disable = true);
 #   - K8S_NODE_CONTAINERD_PART: extra containerd config (20-customization.part);
 #     K8S_NODE_KUBELET_EXTRA: extra kubelet config lines;
 #   - K8S_NODE_OCI_HOOK ("PROGRAM ARGS..."): an OCI createContainer hook added to the base
@@ -270,7 +269,7 @@ vm_containerd_part() {
 	fi
 }
 
-# vm_kubelet_config: a kubelet 1.36 refuses cgroup v1 unless told otherwise.
+# vm_kubelet_config: a kubelet (1.36 and later) refuses cgroup v1 unless told otherwise.
 vm_kubelet_config() {
 	if [[ $(stat -fc %T /sys/fs/cgroup) != cgroup2fs ]]; then
 		log "cgroup v1 on this machine: failCgroupV1: false"
@@ -281,7 +280,7 @@ vm_kubelet_config() {
 start_containerd() {
 	mkdir -p "$W/cri/conf.d" "$W/cni/bin" "$W/cni/net.d"
 	cp "$bin"/cni/* "$W/cni/bin/"
-	# Talos v1.13.9 hack/cri-containerd.toml (the CRI containerd's main config).
+	# Talos v1.14.1 hack/cri-containerd.toml (the CRI containerd's main config; v1.13.9's is the same).
 	cat >"$W/cri/containerd.toml" <<EOF
 version = 3
 
@@ -303,8 +302,9 @@ imports = [
 level = "info"
 format = "json"
 EOF
-	# Talos v1.13.9 hack/cri-plugin.part (/etc/cri/conf.d/00-base.part), the base spec path
-	# moved into the scratch directory.
+	# Talos v1.14.1 hack/cri-plugin.part (/etc/cri/conf.d/00-base.part), the base spec path
+	# moved into the scratch directory, without its ShimCgroup (above); with K8S_NODE_NRI=0,
+	# v1.13.9's NRI section.
 	cat >"$W/cri/conf.d/00-base.part" <<EOF
 version = 3
 
@@ -319,8 +319,7 @@ version = 3
 [plugins."io.containerd.cri.v1.runtime".containerd.runtimes.runc]
   base_runtime_spec = "$W/cri/conf.d/base-spec.json"
 
-[plugins."io.containerd.nri.v1.nri"]
-  disable = $([[ ${K8S_NODE_NRI:-0} == 1 ]] && echo false || echo true)
+$([[ ${K8S_NODE_NRI:-1} == 0 ]] && printf '\n[plugins."io.containerd.nri.v1.nri"]\n  disable = true\n')
 EOF
 	if [[ -n ${K8S_NODE_OCI_HOOK:-} ]]; then
 		# shellcheck disable=SC2086 # the program and its arguments
@@ -379,7 +378,7 @@ start_kubelet() {
 	mkdir -p "$W/kubelet-pki"
 	echo "nameserver 127.0.0.1" >"$W/resolv.conf"
 	# As Talos's k8s.KubeletSpecController (internal/app/machined/pkg/controllers/k8s/
-	# kubelet_spec.go, NewKubeletConfiguration) with Talos v1.13.9's constants; left out:
+	# kubelet_spec.go, NewKubeletConfiguration) with Talos v1.14.1's constants; left out:
 	# kubeletCgroups/systemCgroups (Talos's own cgroup tree) and the static pod directory.
 	cat >"$W/kubelet.yaml" <<EOF
 apiVersion: kubelet.config.k8s.io/v1beta1

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Builds the container images of the test node as image archives for `ctr images import`, into
 # K8S_NODE_IMAGES (default _out/k8s-node/images), so that no pod needs a registry:
-#   pause.tar          registry.k8s.io/pause:3.10.1 (containerd 2.2's default sandbox image):
+#   pause.tar          registry.k8s.io/pause:3.10.2 (containerd 2.3's default sandbox image):
 #                      Kubernetes' own pause.c (k8s.io/kubernetes build/pause/linux), static
 #   device-plugin.tar  nvcr.io/nvidia/k8s-device-plugin:v0.19.0, laid out as NVIDIA's image
 #                      (deployments/container/Dockerfile in the plugin's module): the plugin,
@@ -97,9 +97,9 @@ flags() { local n=$1; shift; printf '%s\n' "$@" >"$R/$n.flags"; } # NAME FLAGS..
 # pause: as Kubernetes' build/pause Makefile builds it (static, VERSION defined).
 kdir=$(cd "$here/kube" && go list -m -f '{{.Dir}}' k8s.io/kubernetes)
 mkdir -p "$R/pause"
-gcc -Os -Wall -Werror -static -DVERSION=v3.10.1-k8s-node -o "$R/pause/pause" "$kdir/build/pause/linux/pause.c"
+gcc -Os -Wall -Werror -static -DVERSION=v3.10.2-k8s-node -o "$R/pause/pause" "$kdir/build/pause/linux/pause.c"
 strip "$R/pause/pause"
-flags pause -ref registry.k8s.io/pause:3.10.1 -entrypoint /pause
+flags pause -ref registry.k8s.io/pause:3.10.2 -entrypoint /pause
 
 # busybox from Debian, its applets as links in /busybox (distroless "debug" images' layout).
 mkdir -p "$W/deb" && chmod 755 "$W/deb"

@@ -24,10 +24,10 @@ source "$(dirname "${BASH_SOURCE[0]}")/checks.sh"
 ns=nvidia-gpu
 ready_dir=/run/nvidia/validations
 
-# --- versions: Talos v1.13.9's (pkg/machinery/constants)
+# --- versions: Talos v1.14.1's (pkg/machinery/constants DefaultKubernetesVersion, DefaultContainerdVersion)
 v=$(jp node "$K8S_NODE" -o 'jsonpath={.status.nodeInfo.kubeletVersion} {.status.nodeInfo.containerRuntimeVersion}')
 echo "  node: $v; API server: $(kubectl version -o json | grep -m1 gitVersion | tr -d ' ",')"
-check "kubelet v1.36.3 on containerd 2.2.7" test "$v" = "v1.36.3 containerd://2.2.7"
+check "kubelet v1.37.0 on containerd 2.3.5" test "$v" = "v1.37.0 containerd://2.3.5"
 
 # --- Pod Security as Talos configures it: a privileged pod outside a privileged namespace is refused
 out=$(kubectl run psa-probe --image=talos-nvidia/k8s-node-base:test --restart=Never \

@@ -52,8 +52,8 @@ check "gpu-two saw the control nodes nvidiactl, nvidia-uvm" grep -q 'nvidiactl.*
 # injection: for a containerd client (ctr), and for a pod through the kubelet, whose only
 # way to name a CDI device is a device plugin's (or DRA driver's) answer. A pod's own CDI
 # annotation reaches no container: the kubelet gives a container the device plugins'
-# annotations alone (k8s.io/kubernetes v1.36.3 pkg/kubelet/kuberuntime/labels.go
-# newContainerAnnotations), and containerd 2.2.7 reads CDI annotations from the container's
+# annotations alone (k8s.io/kubernetes v1.37.0 pkg/kubelet/kuberuntime/labels.go
+# newContainerAnnotations), and containerd 2.3.5 reads CDI annotations from the container's
 # CRI config only (internal/cri/opts/spec_linux.go WithCDI). The plugin that names the
 # service's devices is the test's own (hack/k8s-node/kube/cdiplugin); the simulated GPUs'
 # minors are their indices.

@@ -8,8 +8,8 @@
 #                                (rootfs-base, then the container-mode rootfs-base stage) lays it
 #                                out: machined at /usr/bin/init, containerd and its shim, runc
 #                                (v1.14.1: containerd 2.3.5, runc 1.5.1, from
-#                                hack/talos-node/v1.14.1/runtime; v1.13.9: containerd 2.2.7,
-#                                runc 1.4.3, from hack/k8s-node/runtime), CNI plugins, Talos's
+#                                hack/k8s-node/runtime; v1.13.9: containerd 2.2.7, runc 1.4.3,
+#                                from hack/talos-node/v1.13.9/runtime), CNI plugins, Talos's
 #                                hack/ config files
 #   bin/registry, bin/crane      distribution's registry and go-containerregistry's crane
 #                                (hack/talos-node/registry/go.mod): the images the node pulls
@@ -57,12 +57,12 @@ if [[ "$(cat "$out/.stamp-talos" 2>/dev/null)" != "$talos_stamp" ]]; then
 	echo "$talos_stamp" >"$out/.stamp-talos"
 fi
 
-# containerd, its shim, runc and the CNI plugins at the release's pins. Talos v1.13.9's
-# (containerd 2.2.7, runc 1.4.3) and both releases' CNI plugins (v1.9.1, the version both
-# Talos go.mods require) are built once, by hack/k8s-node/build.sh (their one home), and copied
-# from there. Talos v1.14.1 pins containerd 2.3.5 and runc 1.5.1 (machinery constants
-# DefaultContainerdVersion, RuncVersion): built here from hack/talos-node/v1.14.1/runtime, with
-# hack/k8s-node/build.sh's flags (containerd's Makefile: its version, no btrfs; runc's static
+# containerd, its shim, runc and the CNI plugins at the release's pins. Talos v1.14.1's
+# (containerd 2.3.5, runc 1.5.1: machinery constants DefaultContainerdVersion, RuncVersion) and
+# both releases' CNI plugins (v1.9.1, the version both Talos go.mods require) are built once, by
+# hack/k8s-node/build.sh (their one home, where the Kubernetes node runs them too), and copied
+# from there. Talos v1.13.9 pins containerd 2.2.7 and runc 1.4.3: built here from
+# hack/talos-node/v1.13.9/runtime, with hack/k8s-node/build.sh's flags (containerd's Makefile: its version, no btrfs; runc's static
 # target: cgo, seccomp, static PIE; runc 1.5's Makefile adds the libpathrs tag, a Rust library
 # this machine lacks, which Talos's pkgs build leaves out too with BUILDTAGS=seccomp).
 k8s_out=${K8S_NODE_OUT:-$here/../../_out/k8s-node}

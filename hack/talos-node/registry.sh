@@ -7,9 +7,10 @@
 #   registry.sh start DIR    starts it (state in DIR/registry), pushes the images, writes
 #                            DIR/registry.port
 #   registry.sh stop DIR
-# The images (crane push, from hack/k8s-node's builds, at Talos v1.13.9's versions):
-#   registry.k8s.io/kube-apiserver, kube-controller-manager, kube-scheduler:v1.36.3,
-#   ghcr.io/siderolabs/kubelet:v1.36.3, registry.k8s.io/etcd:v3.6.12
+# The images (crane push, from hack/k8s-node's builds, at Talos v1.14.1's versions; the tags are
+# the versions hack/k8s-node/kube/go.mod builds):
+#   registry.k8s.io/kube-apiserver, kube-controller-manager, kube-scheduler:v1.37.0,
+#   ghcr.io/siderolabs/kubelet:v1.37.0, registry.k8s.io/etcd:v3.7.1
 #       one image: hack/k8s-node's kube binary (each program from its module, chosen by the
 #       name it is started as) at /usr/local/bin/<program>, where Talos starts each
 #       (control_plane_static_pod.go, services/kubelet.go, services/etcd.go), and busybox's
@@ -17,7 +18,7 @@
 #       util-linux's); /var/run links to /run as in Debian's base of that image, so the
 #       kubelet's /var/run bind (services/kubelet.go) is where it looks for the CRI socket,
 #       /run/containerd/containerd.sock
-#   registry.k8s.io/pause:3.10.1, nvcr.io/nvidia/k8s-device-plugin:v0.19.0,
+#   registry.k8s.io/pause:3.10.2, nvcr.io/nvidia/k8s-device-plugin:v0.19.0,
 #   talos-nvidia/k8s-node-base:test     hack/k8s-node/images.sh's
 set -euo pipefail
 
@@ -43,6 +44,8 @@ start) ;;
 *) echo "registry.sh: unknown command $cmd" >&2; exit 2 ;;
 esac
 stop
+k8s_version=$(cd "$top/hack/k8s-node/kube" && go list -m -f '{{.Version}}' k8s.io/kubernetes)
+etcd_version=$(cd "$top/hack/k8s-node/kube" && go list -m -f '{{.Version}}' go.etcd.io/etcd/server/v3)
 
 # The kube image's root filesystem, made again only when the kube binary changed.
 kube_root=$out/images/kube
@@ -62,7 +65,7 @@ if [ ! -f "$out/images/kube.tar" ] || [ "$k8s/bin/kube" -nt "$out/images/kube.ta
 	install -m 0755 "$images/busybox" "$kube_root/bin/busybox"
 	for a in sh mount umount; do ln -s busybox "$kube_root/bin/$a"; done
 	"$images/image" -rootfs "$kube_root" -out "$out/images/kube.tar" \
-		-ref registry.k8s.io/kube-apiserver:v1.36.3 -env PATH=/usr/local/bin:/usr/bin:/bin >/dev/null
+		-ref "registry.k8s.io/kube-apiserver:$k8s_version" -env PATH=/usr/local/bin:/usr/bin:/bin >/dev/null
 fi
 
 port=
@@ -104,11 +107,11 @@ push() { # ARCHIVE REPOSITORY:TAG (the path under the mirror: the reference with
 	tail -5 "$dir/registry/push.log" >&2
 	exit 1
 }
-for ref in kube-apiserver:v1.36.3 kube-controller-manager:v1.36.3 kube-scheduler:v1.36.3 \
-	siderolabs/kubelet:v1.36.3 etcd:v3.6.12; do
+for ref in kube-apiserver:$k8s_version kube-controller-manager:$k8s_version kube-scheduler:$k8s_version \
+	siderolabs/kubelet:$k8s_version etcd:$etcd_version; do
 	push "$out/images/kube.tar" "$ref"
 done
-push "$images/pause.tar" pause:3.10.1
+push "$images/pause.tar" pause:3.10.2
 push "$images/device-plugin.tar" nvidia/k8s-device-plugin:v0.19.0
 push "$images/base.tar" talos-nvidia/k8s-node-base:test
 echo "registry.sh: serving on 127.0.0.1:$port (the guest's 10.0.2.2:$port)" >&2

@@ -19,10 +19,11 @@ talos-node-build:
 	hack/talos-node/build.sh
 
 # The checks of hack/talos-node/test.sh against the extension as make extension builds it,
-# Kubernetes included (its images from hack/k8s-node: make k8s-node). On Talos v1.13.9 for
-# now: hack/k8s-node builds Kubernetes 1.36.3, v1.13.9's, and hack/talos-node/k8s.patch.yaml is
-# in 1.13's documents (v1.14.1 refuses them next to its own; docs/talos-node.md).
-talos-node: export TALOS_NODE_VERSION := v1.13.9
+# Kubernetes included (its images from hack/k8s-node: make k8s-node). hack/k8s-node builds
+# Talos v1.14.1's Kubernetes 1.37.0 and etcd 3.7.1, the images hack/talos-node/v1.14.1/k8s.patch.yaml
+# leaves at v1.14.1's defaults; on v1.13.9 (TALOS_NODE_VERSION=v1.13.9, k8s.patch.yaml) the
+# images would be of a Kubernetes newer than 1.13 supports (machinery v1.13.9
+# compatibility/talos113: 1.31.0 to 1.36.99).
 talos-node: extension talos-node-build k8s-node
 	hack/talos-node/test.sh $(TALOS_NODE_EXTENSION) $(TALOS_NODE_RUN)/run
 

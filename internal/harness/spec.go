@@ -1,5 +1,5 @@
-// Package harness runs the extension service the way Talos v1.13 runs it, with runc (the
-// tests give it runc 1.4.3, the version Talos v1.13 ships) instead of Talos's containerd,
+// Package harness runs the extension service the way Talos runs it, with runc (the tests
+// give it runc 1.5.1, the version Talos v1.14.1 ships) instead of Talos's containerd,
 // inside a private mount namespace whose root is shaped as a Talos node's (root.go) and
 // where the extension's files lie over the host paths as Talos lays them. Nothing on the
 // machine changes: the build machine's root is detached from the namespace, and every path

@@ -44,10 +44,10 @@ import (
 //     after a non-zero code; never: not at all).
 //   - pkg/system/runner/containerd/containerd.go: stop is task.Kill(SIGTERM, WithKillAll), then
 //     SIGKILL after the graceful shutdown timeout, 10 s (pkg/system/runner/runner.go). runc
-//     1.2 and later (Talos v1.13 ships 1.4.x, siderolabs/pkgs) ignore --all for a container
+//     1.2 and later (Talos v1.13 ships 1.4.x, v1.14 1.5.x: siderolabs/pkgs) ignore --all for a container
 //     with its own PID namespace: SIGTERM reaches the container's init alone, and the kernel
 //     kills the rest when it exits. The harness runs the runc it is given: the tests give it
-//     runc 1.4.3 (hack/k8s-node/build.sh).
+//     runc 1.5.1 (hack/k8s-node/build.sh).
 //   - pkg/runtime/v1alpha1/v1alpha1_sequencer_tasks.go (StartAllServices): the boot waits for
 //     every loaded service to be Up (for a service without a health check: Running) for up to
 //     constants.BootTimeout, 70 min; Result.Up says whether this one got there.

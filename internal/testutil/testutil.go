@@ -234,9 +234,9 @@ func (s *SyncBuffer) String() string {
 	return s.b.String()
 }
 
-// TalosRunc returns runc at the version Talos v1.13 ships (siderolabs/pkgs pins 1.4.x; the
-// module hack/k8s-node/runtime pins 1.4.3), as hack/k8s-node/build.sh builds it for both
-// test nodes: one build for all of them. Debian's runc (1.1.5) is not a stand-in: it
+// TalosRunc returns runc at the version Talos v1.14.1 ships (machinery constants RuncVersion
+// 1.5.1, the module hack/k8s-node/runtime's pin), as hack/k8s-node/build.sh builds it for the
+// Kubernetes node and the v1.14.1 Talos node: one build for all of them. Debian's runc (1.1.5) is not a stand-in: it
 // signals every process of a container on `kill --all`, which runc 1.2 and later no
 // longer do.
 func TalosRunc(t testing.TB) string {

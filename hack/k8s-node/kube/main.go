@@ -2,8 +2,8 @@
 // kubelet, kube-apiserver, kube-scheduler, kube-controller-manager, kubectl or etcd, chosen by
 // the name it is started as (a link named after the program) or by its first argument.
 //
-// Each entry does what that program's own main does (k8s.io/kubernetes v1.36.3 cmd/<name>/*.go,
-// go.etcd.io/etcd v3.6 main.go); only the dispatch is ours.
+// Each entry does what that program's own main does (k8s.io/kubernetes v1.37.0 cmd/<name>/*.go,
+// go.etcd.io/etcd v3.7 main.go); only the dispatch is ours.
 package main
 
 import (
