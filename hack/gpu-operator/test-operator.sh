@@ -23,7 +23,10 @@
 #   - GPU feature discovery's labels on the Node (nvidia.com/gpu.product, nvidia.com/gfd.timestamp);
 #   - on the GPU host: a pod asking for one GPU runs nvidia-smi -L and a CUDA vector add
 #     (hack/k8s-node/workload/vecadd.cu, built with the host's nvcc), a second waits for the GPU,
-#     and the plugin's CDI spec names only host paths that exist.
+#     and the plugin's CDI spec names only host paths that exist;
+#   - once the ClusterPolicy is ready, under the harness: the service restarted, the operator's
+#     pods deleted, and the validator started before the driver root is mounted, each followed
+#     by what every operand container sees at its driver root (operator-restarts.sh).
 # CUDA cannot run on the simulated node (its device nodes have no driver behind them): there the
 # chart is rendered with the validator's CUDA workload off (gpu-operator-sim.yaml), which is
 # then checked only for its status file. NVIDIA's image carries its CUDA sample vectorAdd
@@ -296,6 +299,13 @@ EOF
 		check "$p Succeeded" test "$(phase $p)" = Succeeded
 	done
 	echo "MEASURE operator: GPU pod created -> Running: $(start_seconds op-a) s"
+fi
+
+# --- restarts of the service and of the operator's pods (NVIDIA/k8s-test-infra#857)
+if [[ $(state) == ready ]]; then
+	. "$here/operator-restarts.sh"
+else
+	echo "  restart checks (operator-restarts.sh) not run: the ClusterPolicy is not ready"
 fi
 
 # --- what to read afterwards

@@ -8,7 +8,8 @@
 # in their own PID, mount and network namespaces; the pause, device plugin and test images
 # (hack/k8s-node/images.sh) are imported into containerd, nothing is pulled. COMMAND runs in
 # those namespaces once the node is Ready, with KUBECONFIG (cluster-admin), K8S_NODE (the node's
-# name), K8S_NODE_DIR (the scratch directory) and PATH (kubectl, ctr) set; its exit code is
+# name), K8S_NODE_DIR (the scratch directory), K8S_NODE_HOST_MNTNS (the mount namespace this
+# script was started in, for nsenter) and PATH (kubectl, ctr) set; its exit code is
 # this script's. Before the node starts, the kernel settings the kubelet requires are set (as
 # Talos sets them at boot); afterwards every process is gone (the PID namespace ends), the
 # kubelet's cgroups are removed and those settings are put back. One node runs at a time on a
@@ -100,8 +101,13 @@ outer() {
 
 	local rc=0
 	set_sysctls "${sysctls[@]}"
+	# The node's mount namespace is a slave of this one: an unmount made inside stays inside.
+	# This one stays open as fd 7 (K8S_NODE_HOST_MNTNS) for a check that must change the
+	# host's mounts (nsenter --mount=$K8S_NODE_HOST_MNTNS).
+	exec 7</proc/self/ns/mnt
 	unshare --pid --mount --net --fork --kill-child --mount-proc --propagation slave \
-		env K8S_NODE_INNER=1 K8S_NODE_GPU=$gpu K8S_NODE_DIR="$W" "$0" "$@" || rc=$?
+		env K8S_NODE_INNER=1 K8S_NODE_GPU=$gpu K8S_NODE_DIR="$W" K8S_NODE_HOST_MNTNS=/proc/self/fd/7 "$0" "$@" || rc=$?
+	exec 7<&-
 
 	# The PID namespace is gone, and with it every process; what is left is host state.
 	set_sysctls "${saved[@]}" || log "could not restore ${saved[*]}"
