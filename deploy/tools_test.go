@@ -2,6 +2,7 @@ package deploy_test
 
 import (
 	"bytes"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -29,12 +30,8 @@ var (
 // fatal: CI must never pass by skipping these tests.
 func tool(t *testing.T, name string) string {
 	t.Helper()
-	toolsOnce.Do(func() {
-		cmd := exec.Command("bash", filepath.Join(root, "hack", "dev", "install-deploy-test-deps.sh"))
-		toolsLog, toolsErr = cmd.CombinedOutput()
-	})
-	if toolsErr != nil {
-		t.Fatalf("hack/dev/install-deploy-test-deps.sh failed (run it by hand to see why): %v\n%s", toolsErr, toolsLog)
+	if err := installTools(); err != nil {
+		t.Fatal(err)
 	}
 	p, err := filepath.Abs(filepath.Join(root, "_out", "tools", name))
 	require.NoError(t, err)
@@ -42,6 +39,18 @@ func tool(t *testing.T, name string) string {
 		t.Fatalf("%s missing after hack/dev/install-deploy-test-deps.sh: %v", name, err)
 	}
 	return p
+}
+
+// installTools runs hack/dev/install-deploy-test-deps.sh once per test binary.
+func installTools() error {
+	toolsOnce.Do(func() {
+		cmd := exec.Command("bash", filepath.Join(root, "hack", "dev", "install-deploy-test-deps.sh"))
+		toolsLog, toolsErr = cmd.CombinedOutput()
+	})
+	if toolsErr != nil {
+		return fmt.Errorf("hack/dev/install-deploy-test-deps.sh failed (run it by hand to see why): %w\n%s", toolsErr, toolsLog)
+	}
+	return nil
 }
 
 // run runs a command and returns its stdout, failing the test with stderr on error.

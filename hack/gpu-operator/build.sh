@@ -39,7 +39,8 @@
 #                    libnvidia-container.so.1, libnvidia-container-go.so.1 and
 #                    nvidia-container-cli)
 #   gpu-operator.yaml       the chart (deployments/gpu-operator of the same source) rendered with
-#                           helm template, GPU_OPERATOR_VALUES (default
+#                           helm template, GPU_OPERATOR_VALUES (one values file or several,
+#                           space- or colon-separated, in helm's -f order; default
 #                           deploy/gpu-operator/values-cdi.yaml) and the image
 #                           fields of the local images (imagePullPolicy Never), CRDs included
 #   gpu-operator-sim.yaml   the same with the CUDA workload off (validator.cuda.env
@@ -59,9 +60,27 @@ out=${GPU_OPERATOR_OUT:-$top/_out/gpu-operator}
 cache=${XDG_CACHE_HOME:-$HOME/.cache}/nvidia-driver-gpu-operator
 images=${K8S_NODE_IMAGES:-$top/_out/k8s-node/images}
 helm=$top/_out/tools/helm
-values=$(realpath "${GPU_OPERATOR_VALUES:-$top/deploy/gpu-operator/values-cdi.yaml}")
-# The toolkit is built only when the values file turns it on (setup 2).
-toolkit=$(python3 -c 'import sys, yaml; v = yaml.safe_load(open(sys.argv[1])); print(1 if (v.get("toolkit") or {}).get("enabled") else 0)' "$values")
+# GPU_OPERATOR_VALUES: one values file or several, space- or colon-separated, applied in that
+# order as helm's -f flags (setup 2 with the Cozystack overlay: "values-nri.yaml
+# values-cozystack.yaml").
+IFS=' :' read -r -a list <<<"${GPU_OPERATOR_VALUES:-}"
+values=()
+for f in "${list[@]}"; do values+=("$(realpath "$f")"); done
+[[ ${#values[@]} -gt 0 ]] || values=("$top/deploy/gpu-operator/values-cdi.yaml")
+values_flags=()
+for f in "${values[@]}"; do
+	[[ -f $f ]] || { echo "gpu-operator: values file $f is missing" >&2; exit 2; }
+	values_flags+=(-f "$f")
+done
+# The toolkit is built only when the values turn it on (setup 2): the last file that sets
+# toolkit.enabled decides, as in helm's merge.
+toolkit=$(python3 -c '
+import sys, yaml
+on = False
+for p in sys.argv[1:]:
+    v = yaml.safe_load(open(p)) or {}
+    on = (v.get("toolkit") or {}).get("enabled", on)
+print(1 if on else 0)' "${values[@]}")
 for f in "$images/image" "$images/busybox" "$images/bash" "$helm"; do
 	[[ -x $f ]] || { echo "gpu-operator: $f is missing: run make k8s-node deploy-tools" >&2; exit 1; }
 done
@@ -91,7 +110,7 @@ if [[ $# -ge 1 ]]; then
 	[[ $named == "$plugin_tag" ]] || { echo "gpu-operator: $tag's values.yaml names device plugin $named, not $plugin_tag" >&2; exit 1; }
 	toolkit_tag=$(awk '/^toolkit:/{p=1} p&&/^  version:/{print $2; exit}' "$src/deployments/gpu-operator/values.yaml")
 else
-	[[ $toolkit == 0 ]] || { echo "gpu-operator: $values turns the toolkit on (NRI mode): that needs v26.7.0 from a checkout (build.sh OPERATOR PLUGIN)" >&2; exit 2; }
+	[[ $toolkit == 0 ]] || { echo "gpu-operator: ${values[*]} turn the toolkit on (NRI mode): that needs v26.7.0 from a checkout (build.sh OPERATOR PLUGIN)" >&2; exit 2; }
 	# --- CI: the module proxy's newest version of the module (a zip without vendor/)
 	modver=$(cd "$top/hack/k8s-node/validator" && go list -m -f '{{.Version}}' $mod)
 	src=$(cd "$top/hack/k8s-node/validator" && go mod download -json "$mod@$modver" | python3 -c 'import json,sys; print(json.load(sys.stdin)["Dir"])')
@@ -214,7 +233,7 @@ render() { # FILE [HELM ARGS...]
 	local f=$1
 	shift
 	"$helm" template gpu-operator "$src/deployments/gpu-operator" --namespace gpu-operator \
-		--kube-version "$kube_version" --include-crds --no-hooks -f "$values" \
+		--kube-version "$kube_version" --include-crds --no-hooks "${values_flags[@]}" \
 		"${node_sets[@]}" "$@" >"$out/$f"
 }
 render gpu-operator.yaml
@@ -223,7 +242,7 @@ render gpu-operator-sim.yaml --set 'validator.cuda.env[0].name=WITH_WORKLOAD' --
 	echo "gpu-operator $version $commit ($src)"
 	echo "device-plugin+gfd $plugin_tag ${plugin_commit:-"(module, hack/k8s-node/plugin/go.mod)"}"
 	[[ $toolkit == 1 ]] && echo "container-toolkit $toolkit_tag (module, $tsrc)"
-	echo "values $values"
+	echo "values ${values[*]}"
 	echo "images $op_ref $val_ref nvcr.io/nvidia/k8s-device-plugin:$plugin_tag"
 } >"$out/versions"
 echo "gpu-operator: $out/gpu-operator.yaml ($(grep -c '^kind:' "$out/gpu-operator.yaml") objects); $(tr '\n' ';' <"$out/versions")" >&2
