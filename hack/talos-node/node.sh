@@ -14,8 +14,13 @@
 # (machine config patch files, space-separated), TALOS_NODE_MEM (MiB, default 6144),
 # TALOS_NODE_REGISTRY_PORT (the port of hack/talos-node/registry.sh on 127.0.0.1: every image
 # is pulled from it, through a RegistryMirrorConfig "*"; the API server's 6443 is then
-# forwarded too, to DIR/kube.port), TALOS_NODE_ACCEL (qemu -accel, default tcg: this machine's /dev/kvm is PVM, which boots only
+# forwarded too, to DIR/kube.port), TALOS_NODE_ACCEL (qemu -accel, default tcg,thread=single: this machine's /dev/kvm is PVM, which boots only
 # PVM-enabled guest kernels; docs/talos-node.md), TALOS_NODE_BOOT_TIMEOUT (s, default 900).
+# Single-threaded TCG: with one host thread per vCPU (thread=multi) the 6.18 guest kernel
+# panicked twice on 2026-12-05, "Oops: int3" in get_page_from_freelist just after a cgroup was
+# made (css_clear_dir, mkdirat), where the kernel switches a static key by patching its own
+# code with int3 while the other vCPU runs that code (at the node's restart in make test, and
+# 7 s into a boot). One thread runs the vCPUs in turn, so no vCPU runs code another is patching.
 set -euo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
@@ -23,7 +28,7 @@ here=$(cd "$(dirname "$0")" && pwd)
 out=$release_out
 mem=${TALOS_NODE_MEM:-6144}
 cpus=2
-accel=${TALOS_NODE_ACCEL:-tcg,thread=multi}
+accel=${TALOS_NODE_ACCEL:-tcg,thread=single}
 name=talos-node
 cmd=$1 dir=$2
 shift 2
