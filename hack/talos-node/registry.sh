@@ -107,8 +107,11 @@ push() { # ARCHIVE REPOSITORY:TAG (the path under the mirror: the reference with
 	tail -5 "$dir/registry/push.log" >&2
 	exit 1
 }
+# etcd under both spellings of its tag: Talos v1.13.9 names v3.6.12, v1.14.1 names 3.7.1
+# (machinery constants DefaultEtcdVersion; seen: "failed to resolve reference
+# registry.k8s.io/etcd:3.7.1: not found" when only v3.7.1 was served).
 for ref in kube-apiserver:$k8s_version kube-controller-manager:$k8s_version kube-scheduler:$k8s_version \
-	siderolabs/kubelet:$k8s_version etcd:$etcd_version; do
+	siderolabs/kubelet:$k8s_version etcd:$etcd_version etcd:${etcd_version#v}; do
 	push "$out/images/kube.tar" "$ref"
 done
 push "$images/pause.tar" pause:3.10.2
