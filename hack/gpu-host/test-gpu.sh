@@ -28,6 +28,8 @@ mkdir -p "$logs"
 
 # --- the device plugin from deploy/
 kubectl label node "$K8S_NODE" nvidia.com/gpu.present=true >/dev/null
+. "$top/hack/k8s-node/workload.sh"
+watch_allocatable deploy
 if kubectl apply -k "$top/deploy" --server-side >/dev/null; then pass "kubectl apply -k deploy --server-side"; else failed "kubectl apply -k deploy"; fi
 alloc() { jp node "$K8S_NODE" -o 'jsonpath={.status.allocatable.nvidia\.com/gpu}'; }
 t0=$SECONDS
@@ -39,6 +41,7 @@ plugin_restarts() { jp -n $ns pod -l app.kubernetes.io/name=nvidia-device-plugin
 # Until the plugin registers, or gives up: a crash loop shows in its restarts.
 if until_true 150 'test "$(alloc)" = 1 -o "$(plugin_restarts)" -ge 3 2>/dev/null' && test "$(alloc)" = 1; then
 	pass "the node reports nvidia.com/gpu: 1 allocatable ($((SECONDS - t0)) s after apply)"
+	echo "MEASURE deploy/: apply -> nvidia.com/gpu allocatable (from a watch of the Node): $(allocatable_seconds deploy) s"
 else
 	failed "nvidia.com/gpu allocatable: '$(alloc)'"
 	kubectl -n $ns get pods -o wide
@@ -74,7 +77,6 @@ fi
 
 # --- the workload image: vecadd (and memlimit) built with the host's nvcc
 img=talos-nvidia/k8s-node-cuda:test
-. "$top/hack/k8s-node/workload.sh"
 workload_image "$img" || failed "building the workload image"
 
 phase() { jp pod "$1" -o 'jsonpath={.status.phase}'; }

@@ -56,7 +56,8 @@ plugin_commit=1b826acc6af3079d8923bac395c3124b8861a9a6
 mod=github.com/NVIDIA/gpu-operator
 
 top=$(cd "$(dirname "$0")/../.." && pwd)
-out=${GPU_OPERATOR_OUT:-$top/_out/gpu-operator}
+# Absolute: the builds below run in the sources' directories.
+out=$(realpath -m "${GPU_OPERATOR_OUT:-$top/_out/gpu-operator}")
 cache=${XDG_CACHE_HOME:-$HOME/.cache}/nvidia-driver-gpu-operator
 images=${K8S_NODE_IMAGES:-$top/_out/k8s-node/images}
 helm=$top/_out/tools/helm

@@ -140,6 +140,7 @@ check "the chart's CRDs applied and established" sh -c "kubectl apply --server-s
 if [[ $nri == 1 ]]; then
 	check "containerd's NRI socket /var/run/nri/nri.sock is there (K8S_NODE_NRI=1)" test -S /var/run/nri/nri.sock
 fi
+watch_allocatable operator
 check "kubectl apply -f $(basename "$manifest") (the chart rendered with $(basename "$values"))" \
 	kubectl apply -n $ns -f "$K8S_NODE_DIR/operator-rest.yaml"
 if until_true 180 'test "$(jp -n $ns deploy gpu-operator -o "jsonpath={.status.availableReplicas}")" = 1'; then
@@ -233,6 +234,7 @@ done
 alloc() { jp node "$K8S_NODE" -o 'jsonpath={.status.allocatable.nvidia\.com/gpu}'; }
 until_true $wait_s 'test "$(alloc)" = "$ngpu"'
 check "the node reports nvidia.com/gpu: $(alloc) allocatable (the service's status: $ngpu GPUs)" test -n "$ngpu" -a "$(alloc)" = "$ngpu"
+echo "MEASURE operator: apply -> nvidia.com/gpu allocatable (from a watch of the Node): $(allocatable_seconds operator) s"
 labels() { jp node "$K8S_NODE" -o jsonpath='{.metadata.labels}' | python3 -c 'import json,sys; [print(k+"="+v) for k,v in sorted(json.load(sys.stdin).items()) if k.startswith("nvidia.com/")]'; }
 until_true $wait_s 'labels | grep -q "^nvidia.com/gfd.timestamp="'
 labels >"$logs/node-nvidia-labels.txt"
@@ -279,6 +281,12 @@ EOF
 	phase() { jp pod "$1" -o 'jsonpath={.status.phase}'; }
 	finished() { case $(phase "$1") in Succeeded | Failed) return 0 ;; esac; return 1; }
 	work='nvidia-smi -L && vecadd'
+	# A control (K8S_NODE_CUDA_FAULT=1): CUDA in the GPU pods sees no device, so that their
+	# checks, and this script's exit code, must fail.
+	if [[ ${K8S_NODE_CUDA_FAULT:-0} == 1 ]]; then
+		work='nvidia-smi -L && CUDA_VISIBLE_DEVICES=none vecadd'
+		echo "  control K8S_NODE_CUDA_FAULT=1: the GPU pods run vecadd with CUDA_VISIBLE_DEVICES=none"
+	fi
 	watch_phases op-a
 	sleep 1
 	pod op-a 1 "$work && sleep 20"

@@ -61,6 +61,16 @@ watch_phases() { # NAME: time-stamped phase changes into $K8S_NODE_DIR/NAME.phas
 	kubectl get pods -l k8s-node-test="$1" -w --no-headers -o custom-columns=P:.status.phase 2>/dev/null |
 		while read -r p; do echo "$(date +%s.%N) $p"; done >"$K8S_NODE_DIR/$1.phases" &
 }
+watch_allocatable() { # NAME: from now, the node's nvidia.com/gpu allocatable as it changes, time-stamped, into $K8S_NODE_DIR/NAME.alloc
+	{
+		date +%s.%N
+		kubectl get node "$K8S_NODE" -w -o 'jsonpath={.status.allocatable.nvidia\.com/gpu}{"\n"}' 2>/dev/null |
+			while read -r a; do echo "$(date +%s.%N) ${a:-0}"; done
+	} >"$K8S_NODE_DIR/$1.alloc" &
+}
+allocatable_seconds() { # NAME: watch_allocatable's start -> the first nvidia.com/gpu above 0 (seconds, ms precision)
+	awk 'NR==1{t0=$1; next} $2>0&&!r{r=$1} END{if(r) printf "%.3f", r-t0; else print "none"}' "$K8S_NODE_DIR/$1.alloc"
+}
 start_seconds() { # NAME: created -> first Running, from the watch (seconds, ms precision)
 	awk 'NR==1{t0=$1} $2=="Running"&&!r{r=$1} END{if(r) printf "%.3f", r-t0; else print "none"}' "$K8S_NODE_DIR/$1.phases"
 }
