@@ -310,7 +310,10 @@ EOF
 fi
 
 # --- restarts of the service and of the operator's pods (NVIDIA/k8s-test-infra#857)
-if [[ $(state) == ready ]]; then
+# (K8S_NODE_OPERATOR_RESTARTS=0 leaves them out, for a run that repeats another's restarts.)
+if [[ ${K8S_NODE_OPERATOR_RESTARTS:-1} == 0 ]]; then
+	echo "  restart checks (operator-restarts.sh) left out: K8S_NODE_OPERATOR_RESTARTS=0"
+elif [[ $(state) == ready ]]; then
 	. "$here/operator-restarts.sh"
 else
 	echo "  restart checks (operator-restarts.sh) not run: the ClusterPolicy is not ready"

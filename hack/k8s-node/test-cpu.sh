@@ -2,7 +2,7 @@
 # deploy/ on a real Kubernetes node without a GPU (run inside hack/k8s-node/cluster.sh; `make
 # test-k8s-node` does both). Checks, against the real API server, scheduler, kubelet and
 # containerd:
-#   - the node runs the versions Talos v1.13.9 ships;
+#   - the node runs the versions Talos v1.14.1 ships;
 #   - Pod Security is enforced as on Talos ("baseline"), so deploy/'s namespace label matters;
 #   - `kubectl apply -k deploy` passes server-side validation (dry run), then applies;
 #   - the DaemonSets schedule nowhere while the node lacks the label the docs name, and on it
