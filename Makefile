@@ -169,7 +169,6 @@ test: deps build lint extension
 	for m in $(TEST_MODULES); do (cd $$m && $(GO_TEST) ./...) || exit 1; done
 	$(MAKE) test-k8s-node
 	$(MAKE) test-k8s-sim
-	$(MAKE) test-k8s-sim-operator
 	@echo "make test: waiting for the Talos node ($(BG)/talos-node-build.log, $(BG)/test-talos-node.log)"
 	@while [ ! -e $(BG)/talos-node.rc ]; do sleep 5; done; cat $(BG)/talos-node-build.log; \
 	  cat $(BG)/test-talos-node.log 2>/dev/null; exit $$(cat $(BG)/talos-node.rc)
