@@ -60,14 +60,21 @@ echo "  values: $values; toolkit NRI plugin mode: $nri"
 # --- the images, packed from their root filesystems as images.sh packs
 if [[ $sim == 0 && -d $go_out/rootfs/gpu-operator ]]; then
 	# The CUDA validator's workload runs /usr/bin/vectorAdd of the operator's image: the
-	# stand-in, built with the host's nvcc, with the libraries it links (besides glibc, which
-	# the base has) at their host paths.
+	# stand-in, built with the host's nvcc, with the libraries it links at their host paths,
+	# the host's glibc included: the host's libstdc++ needs it (on the H200 host, 2026-12-05:
+	# "version `GLIBC_2.38' not found", the base's glibc being Debian 12's 2.36). The
+	# operator's own programs are static (CGO off) and do not care.
 	r=$K8S_NODE_DIR/operator-rootfs
 	cp -a "$go_out/rootfs/gpu-operator" "$r"
 	nvcc=$(command -v nvcc || ls /usr/local/cuda/bin/nvcc 2>/dev/null)
 	if "$nvcc" -O2 -arch=sm_90 -o "$r/usr/bin/vectorAdd" "$top/hack/k8s-node/workload/vecadd.cu" 2>"$logs/nvcc-vectorAdd.log"; then
-		for l in $(ldd "$r/usr/bin/vectorAdd" | grep -o '/[^ ]*' | grep -v -e 'libc\.so' -e 'ld-linux' -e 'libm\.so' -e 'libdl\.so' -e 'libpthread\.so' -e 'librt\.so' | sort -u); do
+		for l in $(ldd "$r/usr/bin/vectorAdd" | grep -o '/[^ ]*' | sort -u); do
 			mkdir -p "$r$(dirname "$l")" && cp -L "$l" "$r$l"
+		done
+		# The rest of that glibc, so that the image holds one version of it (as workload.sh).
+		libc=$(ldd "$r/usr/bin/vectorAdd" | grep -o '/[^ ]*/libc\.so\.6')
+		for l in libpthread.so.0 libdl.so.2 librt.so.1 libm.so.6; do
+			[[ -e $(dirname "$libc")/$l ]] && cp -L "$(dirname "$libc")/$l" "$r$(dirname "$libc")/"
 		done
 		pass "vectorAdd (the stand-in: hack/k8s-node/workload/vecadd.cu) built with $nvcc into the operator's image"
 	else
@@ -107,10 +114,15 @@ if [[ $sim == 1 ]]; then
 else
 	. "$top/hack/k8s-node/nfd.sh"
 	nfd_deploy
-	if until_true 120 'test "$(jp node "$K8S_NODE" -o "jsonpath={.metadata.labels.feature\.node\.kubernetes\.io/pci-10de\.present}")" = true'; then
-		pass "NFD labelled the node feature.node.kubernetes.io/pci-10de.present=true (NVIDIA's PCI vendor)"
+	# Any of the labels by which the operator knows a GPU node (v26.7.0
+	# controllers/state_manager.go gpuNodeLabels): NFD's own deployment files label PCI devices
+	# by class and vendor (pci-0302_10de on the H200, seen 2026-12-05); the operator's NFD
+	# subchart by vendor alone (pci-10de).
+	gpu_label() { jp node "$K8S_NODE" -o jsonpath='{.metadata.labels}' | grep -oE 'feature\.node\.kubernetes\.io/pci-(10de|0302_10de|0300_10de)\.present":"true' | head -1 | cut -d'"' -f1; }
+	if until_true 120 'test -n "$(gpu_label)"'; then
+		pass "NFD labelled the node $(gpu_label)=true, a label by which the operator knows a GPU node"
 	else
-		failed "NFD did not label the node with NVIDIA's PCI vendor id"
+		failed "NFD did not label the node with NVIDIA's PCI vendor id (pci-10de, pci-0302_10de or pci-0300_10de)"
 	fi
 fi
 
