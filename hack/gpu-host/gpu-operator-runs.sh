@@ -42,11 +42,14 @@ verdict=0
 		case $run in
 		control) [[ ${rcs[$run]} != 0 ]] || { echo "FAIL control: exit 0 with CUDA failing in the pods"; verdict=1; } ;;
 		setup1)
+			# (Read whole before grep: grep -q leaving a pipe early would fail the
+			# pipeline under pipefail.)
+			toolkit_log=$(python3 -c 'import sys, tarfile; print(tarfile.open(sys.argv[1]).extractfile("./results/validator-toolkit-validation.log").read().decode())' \
+				"$res/$run/k8s-logs.tar.xz" 2>/dev/null)
 			if [[ ${rcs[$run]} == 0 ]]; then
 				echo "setup1: exit 0: it reached ready, which docs/gpu-operator.md says it cannot: read it again"; verdict=1
 			elif grep -q "driver-validation passed.*: PASS" "$res/$run/gpu-run.log" &&
-				python3 -c 'import sys, tarfile; print(tarfile.open(sys.argv[1]).extractfile("./results/validator-toolkit-validation.log").read().decode())' \
-					"$res/$run/k8s-logs.tar.xz" 2>/dev/null | grep -q 'error validating toolkit installation'; then
+				grep -q 'error validating toolkit installation' <<<"$toolkit_log"; then
 				echo "PASS setup1: stopped where the source says: driver check passed, 'error validating toolkit installation'"
 			else
 				echo "FAIL setup1: did not stop at the validator's toolkit check"; verdict=1
