@@ -24,6 +24,8 @@ talos-node-build:
 # leaves at v1.14.1's defaults; on v1.13.9 (TALOS_NODE_VERSION=v1.13.9, k8s.patch.yaml) the
 # images would be of a Kubernetes newer than 1.13 supports (machinery v1.13.9
 # compatibility/talos113: 1.31.0 to 1.36.99).
+# Kubernetes needs both of the guest's vCPUs at once (hack/talos-node/node.sh).
+talos-node: export TALOS_NODE_ACCEL ?= tcg,thread=multi
 talos-node: extension talos-node-build k8s-node
 	hack/talos-node/test.sh $(TALOS_NODE_EXTENSION) $(TALOS_NODE_RUN)/run
 
