@@ -173,7 +173,7 @@ test: deps build lint extension
 	@while [ ! -e $(BG)/talos-node.rc ]; do sleep 5; done; cat $(BG)/talos-node-build.log; \
 	  cat $(BG)/test-talos-node.log 2>/dev/null; exit $$(cat $(BG)/talos-node.rc)
 
-test-all: test test-talos-node-1.13 test-talos-k8s test-talos-controls test-arm64
+test-all: test test-talos-node-1.13 test-talos-k8s test-talos-simgpu test-talos-controls test-arm64
 
 lint:
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt would change:"; echo "$$out"; exit 1; fi

@@ -6,7 +6,7 @@
 # node and the three controls each boot the node again and are their own targets
 # (test-talos-k8s, test-talos-controls); docs/talos-node.md gives the times.
 
-.PHONY: talos-node-build talos-node test-talos-node test-talos-node-1.13 test-talos-k8s talos-node-control test-talos-controls
+.PHONY: talos-node-build talos-node test-talos-simgpu test-talos-node test-talos-node-1.13 test-talos-k8s talos-node-control test-talos-controls
 
 TALOS_NODE_EXTENSION ?= $(OUT)/extensions/nvidia-driver-dev-debian
 export TALOS_NODE_VERSION ?= v1.14.1
@@ -42,6 +42,15 @@ test-talos-node-1.13:
 # The same checks with Kubernetes and deploy/ on the node (bootstrap, the node Ready with the
 # patch's label and taint, deploy/'s DaemonSets scheduled, the plugin held by its wait).
 test-talos-k8s: talos-node
+
+# Simulated GPUs on the node (hack/talos-node/test-simgpu.sh): the product's service on a
+# subroot with the simulated libnvidia-ml, the simulated kernel driver as a test-only extension
+# service (hack/talos-node/simgpu), NVIDIA's device plugin from deploy/ on Talos's kubelet and
+# containerd, GPU pods, a service restart under a running GPU pod, measurements.
+test-talos-simgpu: export TALOS_NODE_ACCEL ?= tcg,thread=multi
+test-talos-simgpu: extension talos-node-build k8s-node
+	hack/talos-node/simgpu/build.sh
+	hack/talos-node/test-simgpu.sh $(TALOS_NODE_RUN)/simgpu
 
 # The controls, each of which passes only when the checks fail on its defect
 # (hack/talos-node/control.sh).

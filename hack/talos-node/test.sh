@@ -14,83 +14,10 @@
 set -uo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
-. "$here/release.sh"
-out=$release_out
 ext=$1
 dir=${2:-$(mktemp -d /tmp/talos-node.XXXXXX)}
-mkdir -p "$dir/outputs"
-svc=ext-nvidia-driver
-# Under qemu's TCG a step of machined takes seconds; these bound each wait. Kubernetes's
-# (the API server, the node's registration) take longer: on the loaded build machine the API
-# server answered /readyz more than 600 s after machined's boot was done.
-wait_s=${TALOS_NODE_WAIT:-600}
-k8s_wait_s=${TALOS_NODE_K8S_WAIT:-1500}
-failed=0
-
-t() { "$out/bin/talosctl" --talosconfig "$dir/talosconfig" "$@"; }
-k() { "$k8s_bin/kubectl" --kubeconfig "$dir/kubeconfig" "$@"; }
-k8s_bin=${K8S_NODE_BIN:-$here/../../_out/k8s-node}/bin
-top=$(cd "$here/../.." && pwd)
-say() { printf '\n=== %s\n' "$*"; }
-fail() {
-	echo "FAIL: $*"
-	failed=1
-	if [ "${TALOS_NODE_FAIL_FAST:-}" = 1 ]; then
-		echo "talos-node: FAIL"
-		exit 1
-	fi
-}
-# capture NAME: talosctl service ext-nvidia-driver, saved and printed.
-capture() {
-	t service "$svc" >"$dir/outputs/$1.txt" 2>&1
-	sed 's/^/    /' "$dir/outputs/$1.txt"
-}
-state() { t service "$svc" 2>/dev/null | awk '$1 == "STATE" { print $2 }'; }
-logs() { t logs "$svc" 2>/dev/null; }
-count() { logs | grep -c -- "$1"; }
-# until SECONDS CMD...: CMD until it succeeds or SECONDS pass.
-until_ok() {
-	local limit=$1 start=$SECONDS
-	shift
-	until "$@"; do
-		((SECONDS - start < limit)) || return 1
-		sleep 5
-	done
-}
-running() { [ "$(state)" = Running ]; }
-# machined's log of the services its boot still waits for (both releases' wording, below): the
-# lines of its startAllServices task, not a service's own "Waiting for service ..." events.
-waits='startAllServices.* service "[^"]+" to be ("up"|up/finished|registered)'
-
-logged() { logs | grep -q -- "$1"; }
-# The service's log since its last start.
-last_run() { logs | awk '/msg=starting version=/ { run = "" } { run = run $0 "\n" } END { printf "%s", run }'; }
-# apply FILE: the node's machine config with that ExtensionServiceConfig, as a user applies it
-# (talosctl apply-config, no reboot): the document replaces the one before; with FILE "", the
-# machine config without one.
-apply() {
-	{
-		cat "$dir/config/controlplane.yaml"
-		[ -z "$1" ] || { echo ---; cat "$1"; }
-	} >"$dir/applied.yaml"
-	t apply-config --mode=no-reboot --file "$dir/applied.yaml" >/dev/null
-}
-doc() { # doc FILE VAR=VALUE...: an ExtensionServiceConfig for the service with that environment.
-	local f=$1
-	shift
-	{
-		printf 'apiVersion: v1alpha1\nkind: ExtensionServiceConfig\nname: nvidia-driver\nenvironment:\n'
-		for e in "$@"; do printf '  - %s\n' "$e"; done
-	} >"$f"
-}
-# In container mode Talos (v1.13.9 and v1.14.1 alike) writes no document files and so never
-# restarts an extension service for a document: ExtensionServiceConfigFilesController.Run
-# returns at once for ModeContainer
-# (internal/app/machined/pkg/controllers/runtime/extension_service_config_files.go),
-# and ExtensionServiceController restarts services on the ExtensionServiceConfigStatus it
-# would write. A document reaches the service here as its environment, when the service's runner
-# is made again: talosctl service ext-nvidia-driver restart (docs/talos-node.md).
-restart() { t service "$svc" restart >/dev/null; }
+# shellcheck source=hack/talos-node/lib.sh
+. "$here/lib.sh"
 
 cleanup() {
 	[ "${TALOS_NODE_KEEP:-}" = 1 ] && return
@@ -170,34 +97,7 @@ if ! logged 'waiting for the nvidia kernel module'; then
 fi
 logs | tail -5 | sed 's/^/    /'
 
-if [ "$TALOS_NODE_VERSION" != v1.13.9 ]; then
-	say "workload isolation: the machine config asks for it; container mode runs no sandboxd"
-	# talosctl gen config v1.14 writes SecurityProfileConfig workloadIsolation: true for a new
-	# cluster (machinery config/generate/security_profile.go). machined starts sandboxd, and
-	# cri inside its namespaces, only when sandboxd.Enabled: false in container mode whatever
-	# the document says (internal/app/machined/pkg/sandboxd/enabled.go: InContainer). So here
-	# the node must have the document, no sandboxd service and cri Running; a sandboxd on this
-	# node means that premise changed and the check must be revisited.
-	t get machineconfig -o yaml >"$dir/outputs/machineconfig.yaml" 2>&1
-	if grep -A6 '^ *kind: SecurityProfileConfig$' "$dir/outputs/machineconfig.yaml" | grep -q 'workloadIsolation: true'; then
-		echo "the node's machine config: SecurityProfileConfig workloadIsolation: true"
-	else
-		fail "the node's machine config has no SecurityProfileConfig with workloadIsolation: true"
-	fi
-	if t service sandboxd >"$dir/outputs/sandboxd.txt" 2>&1; then
-		sed 's/^/    /' "$dir/outputs/sandboxd.txt"
-		fail "sandboxd is registered in container mode"
-	elif grep -q 'service "sandboxd" is not registered' "$dir/outputs/sandboxd.txt"; then
-		echo "talosctl service sandboxd: $(cat "$dir/outputs/sandboxd.txt")"
-	else
-		fail "talosctl service sandboxd failed otherwise than not registered: $(cat "$dir/outputs/sandboxd.txt")"
-	fi
-	if t service cri 2>/dev/null | awk '$1 == "STATE" { print $2 }' | grep -qx Running; then
-		echo "cri Running, without sandboxd (the host's PID and mount namespaces)"
-	else
-		fail "cri is not Running: $(t service cri 2>&1 | tr -s ' \n' ' ')"
-	fi
-fi
+[ "$TALOS_NODE_VERSION" = v1.13.9 ] || workload_isolation_check
 
 say "first document: added to the running node; Talos keeps the service running; a restart gives it the document"
 starts=$(count 'msg=starting version=')
@@ -273,33 +173,7 @@ logs | grep 'configuration is invalid' | sed 's/^/    /'
 
 kubernetes_checks() {
 	say "kubernetes: the boot finishes; the node registers Ready with the patch's label and taint"
-	# MachineStatus's stage turns running when the boot sequence stops without an error
-	# (internal/app/machined/pkg/controllers/runtime/machine_status.go). machined's own
-	# 'boot sequence: done' line is no proof either way: its log is a 1 MiB ring
-	# (internal/app/machined/pkg/runtime/logging/circular.go) that a slow node fills
-	# before these checks run.
-	boot_done() { t get machinestatus -o yaml 2>/dev/null | grep -q '^ *stage: running$'; }
-	if until_ok "$wait_s" boot_done; then
-		echo "machined's boot sequence done (MachineStatus stage running) $((SECONDS - boot_start)) s after the guest started"
-		t logs machined 2>/dev/null | grep 'boot sequence: done' | sed 's/^/    /'
-	else
-		fail "machined's boot sequence did not finish: MachineStatus $(t get machinestatus -o yaml 2>&1 | grep -E 'stage:|ready:' | tr -s ' \n' ' ')"
-	fi
-	t kubeconfig --force "$dir/kubeconfig.talos" >/dev/null 2>&1 || fail "talosctl kubeconfig failed"
-	# talosctl's kubeconfig names the cluster endpoint (10.0.2.15, inside the guest); kubectl
-	# reaches the same API server through the guest's forward of 6443 (in its certificate, k8s.patch.yaml).
-	sed "s#server: https://10.0.2.15:6443#server: https://127.0.0.1:$(cat "$dir/kube.port")#" \
-		"$dir/kubeconfig.talos" >"$dir/kubeconfig"
-	api_ready() { k get --raw /readyz >/dev/null 2>&1; }
-	until_ok "$k8s_wait_s" api_ready || fail "the API server never answered /readyz"
-	k apply -f "$here/cni.yaml" >/dev/null || fail "kubectl apply -f cni.yaml failed"
-	node=talos-node # node.sh names it so
-	node_ready() { k get node "$node" -o jsonpath='{.status.conditions[?(@.type=="Ready")].status}' 2>/dev/null | grep -qx True; }
-	if until_ok "$k8s_wait_s" node_ready; then
-		echo "node $node Ready $((SECONDS - boot_start)) s after the guest started"
-	else
-		fail "node $node is not Ready"
-	fi
+	kubernetes_up
 	k get node "$node" -o wide 2>&1 | sed 's/^/    /'
 	k get node "$node" -o jsonpath='{.metadata.labels.nvidia\.com/gpu\.present}' | grep -qx true ||
 		fail "the node lacks the label gpu-worker.patch.yaml gives it (nvidia.com/gpu.present=true)"

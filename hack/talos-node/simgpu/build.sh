@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# The two extensions of the simulated GPU node on Talos (hack/talos-node/test-simgpu.sh):
+#   _out/extensions/nvidia-driver-dev-sim   the product's service and extension files, its
+#       subroot carrying the simulated libnvidia-ml (hack/sim-node/simnvml/build.sh); never a
+#       release image
+#   _out/extensions/simnvml-driver          test only: the simulated kernel driver as an
+#       extension service (simnvml-driver.yaml, driver.sh) and the /proc/driver hook that CRI's
+#       base runtime spec names (node.patch.yaml)
+# Both are extension image directories as make extension writes them (their rootfs/ goes to the
+# node's /, hack/talos-node/node.sh).
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+top=$(cd "$here/../../.." && pwd)
+cd "$top"
+hack/sim-node/simnvml/build.sh _out/subroot-debian _out/subroot-sim
+_out/bin/extension -out _out -name nvidia-driver-dev-sim -payload _out/subroot-sim >/dev/null
+# Static: the service's root holds nothing else (the node tool links go-nvml, hence cgo; it
+# never loads a library).
+c=_out/extensions/simnvml-driver/rootfs/usr/local/lib/containers/simnvml-driver
+rm -rf _out/extensions/simnvml-driver
+mkdir -p "$c/bin" "$c/dev" "$c/host/run" "$c/run/nvidia" "$c/usr/local/glibc" "$c/proc" "$c/sys" "$c/tmp" \
+	_out/extensions/simnvml-driver/rootfs/usr/local/etc/containers
+# (The linker's warning about dlopen in a static program goes to the log.)
+if ! go build -trimpath -ldflags '-s -w -linkmode external -extldflags -static' -o "$c/simnvml-node" \
+	./hack/sim-node/simnvml/node 2>_out/extensions/simnvml-driver.build.log; then
+	cat _out/extensions/simnvml-driver.build.log >&2
+	exit 1
+fi
+install -m 0755 _out/bin/simnvml-prochook "$c/prochook"
+install -m 0755 "${BUSYBOX:-/bin/busybox}" "$c/bin/busybox"
+for a in sh mount mountpoint mkdir cat head sleep; do ln -s busybox "$c/bin/$a"; done
+install -m 0755 "$here/driver.sh" "$c/driver.sh"
+install -m 0644 "$here/simnvml-driver.yaml" _out/extensions/simnvml-driver/rootfs/usr/local/etc/containers/simnvml-driver.yaml
+echo "simgpu: _out/extensions/nvidia-driver-dev-sim, _out/extensions/simnvml-driver" >&2

@@ -1,0 +1,32 @@
+#!/bin/busybox sh
+# The simulated NVIDIA kernel driver on the Talos test node, run by machined as the extension
+# service ext-simnvml-driver (simnvml-driver.yaml). As hack/sim-node/sim-node.sh on the harness's
+# node, before the product's service finds a driver:
+#   - the simulated NVML's state (8 H100 80GB on an HGX board, 4 NVSwitches, registered with
+#     the NVLink fabric) in /dev/.simnvml, made once: a restart of this service keeps it (a
+#     MIG layout applied by the product's service survives);
+#   - the /proc and /sys files a loaded driver offers, under the host root /run/nvidia/sim that
+#     the product's service is given (NVIDIA_DRIVER_HOST_ROOT in its ExtensionServiceConfig,
+#     hack/talos-node/simgpu/node.patch.yaml): no process can add them to the kernel's /proc;
+#   - in that host root, dev/ and run/ are the node's own /dev and /run (binds), so what the
+#     product makes there (device nodes, the driver root mount, /run/cdi/nvidia.yaml, the
+#     readiness file) is where Talos's kubelet and containerd and the device plugin look.
+# Then it stays up, as a loaded module does.
+set -eu
+export PATH=/bin
+host=/run/nvidia/sim
+mkdir -p "$host/dev" "$host/run"
+mountpoint -q "$host/dev" || mount --bind /dev "$host/dev"
+mountpoint -q "$host/run" || mount --bind /host/run "$host/run"
+mkdir -p "$host/etc/kubernetes/node-feature-discovery"
+[ -d "$host/etc/kubernetes/node-feature-discovery/features.d" ] ||
+	mkdir -m 0700 "$host/etc/kubernetes/node-feature-discovery/features.d"
+if [ -f /dev/.simnvml/state.json ]; then
+	echo "simnvml-driver: the simulated GPUs' state is kept: /dev/.simnvml"
+else
+	/simnvml-node -dir /dev/.simnvml -host-root "$host" -gpus h100-80gb:8 -nvswitches 4 \
+		-subroot /usr/local/glibc
+fi
+echo "simnvml-driver: loaded: $(cat "$host/proc/driver/nvidia/version" | head -1)"
+trap 'exit 0' TERM INT
+while :; do sleep 3600 & wait $!; done

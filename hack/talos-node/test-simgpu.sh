@@ -1,0 +1,243 @@
+#!/usr/bin/env bash
+# Simulated GPUs on the real Talos node (`make test-talos-simgpu`): machined (TALOS_NODE_VERSION,
+# default v1.14.1) with Talos's own kubelet and containerd, the product's service unchanged on
+# a subroot that carries the simulated libnvidia-ml (hack/sim-node/simnvml), and the simulated
+# kernel driver as a test-only extension service (hack/talos-node/simgpu). Driven only through
+# talosctl and kubectl. Checks, each a FAIL line and exit 1 when it fails:
+#   - both services Running; the product's reports 8 GPUs (its status file, read with talosctl);
+#   - workload isolation as container mode has it (lib.sh workload_isolation_check);
+#   - NVIDIA's device plugin from deploy/ makes nvidia.com/gpu: 8 allocatable on Talos's kubelet;
+#   - a pod asking for 2 GPUs sees exactly the device nodes of the 2 the kubelet allocated (its
+#     checkpoint) and every path of the plugin's CDI spec (the driver root's files), read inside
+#     the pod; a pod asking for none sees no nvidia device node and none of those files;
+#   - a changed document and `talosctl service ext-nvidia-driver restart` while a GPU pod runs:
+#     the pod keeps running, unrestarted, its GPU and driver files still there; the next pod
+#     gets its GPU;
+#   - measured (printed as MEASURE lines): the guest's start and the kubelet's registration to
+#     nvidia.com/gpu allocatable, and pod start with and without a GPU (medians of 5).
+#   test-simgpu.sh [STATE_DIR]
+# TALOS_NODE_KEEP=1 leaves the node running. docs/talos-node.md says what container mode cannot
+# show (workload isolation, the Talos kernel).
+set -uo pipefail
+
+here=$(cd "$(dirname "$0")" && pwd)
+dir=${1:-$here/../../_out/talos-node/${TALOS_NODE_VERSION:-v1.14.1}/simgpu}
+# shellcheck source=hack/talos-node/lib.sh
+. "$here/lib.sh"
+cd "$top"
+exts="_out/extensions/nvidia-driver-dev-sim _out/extensions/simnvml-driver"
+img=talos-nvidia/k8s-node-base:test # hack/k8s-node/images.sh, served by registry.sh
+ns=nvidia-gpu
+
+cleanup() {
+	[ "${TALOS_NODE_KEEP:-}" = 1 ] && return
+	"$here/node.sh" stop "$dir"
+	"$here/registry.sh" stop "$dir"
+}
+trap cleanup EXIT
+"$here/registry.sh" start "$dir" || { echo "FAIL: the image registry did not start"; exit 1; }
+
+say "boot: the node with the extensions nvidia-driver-dev-sim and simnvml-driver, the docs' worker patch and simgpu/node.patch.yaml"
+boot_start=$SECONDS
+if ! TALOS_NODE_REGISTRY_PORT=$(cat "$dir/registry.port") \
+	TALOS_NODE_PATCHES="$worker_patch $here/simgpu/node.patch.yaml" \
+	"$here/node.sh" start "$dir" $exts; then
+	echo "FAIL: the node did not come up"
+	exit 1
+fi
+until_ok "$wait_s" t bootstrap >/dev/null 2>&1 || fail "talosctl bootstrap was not accepted"
+
+say "the simulated driver and the product's service"
+sim_running() { t service ext-simnvml-driver 2>/dev/null | awk '$1 == "STATE" { print $2 }' | grep -qx Running; }
+until_ok "$wait_s" sim_running || fail "ext-simnvml-driver is not Running: $(t service ext-simnvml-driver 2>&1 | tr -s ' \n' ' ')"
+t logs ext-simnvml-driver 2>&1 | sed 's/^/    /'
+# status: the product's status file, as phase and GPU count ("degraded 8": no fabric manager can
+# run without the NVSwitches' kernel driver, docs/simulated-node.md).
+status() {
+	t read /run/nvidia-driver/status.json 2>/dev/null |
+		python3 -c 'import json,sys; s=json.load(sys.stdin); print(s["phase"], len(s.get("gpus") or []), "|", s["message"])' 2>/dev/null
+}
+up8() { [[ $(status) == "ready 8 |"* || $(status) == "degraded 8 |"* ]]; }
+if until_ok "$wait_s" up8; then
+	echo "$svc: $(status) ($((SECONDS - boot_start)) s after the guest started)"
+else
+	fail "$svc is not up with 8 GPUs: $(status)"
+	logs | tail -20 | sed 's/^/    /'
+fi
+logs | grep -E 'key=hostRoot|GPUs|CDI spec|driver root' | head -8 | sed 's/^/    /'
+[ "$TALOS_NODE_VERSION" = v1.13.9 ] || workload_isolation_check
+
+say "kubernetes: Talos's kubelet and containerd, NVIDIA's device plugin from deploy/"
+kubernetes_up
+jp() { k get "$@" 2>/dev/null; }
+alloc() { jp node "$node" -o 'jsonpath={.status.allocatable.nvidia\.com/gpu}'; }
+k apply -k deploy/namespace --server-side >/dev/null || fail "kubectl apply -k deploy/namespace failed"
+k apply -k deploy --server-side >"$dir/outputs/deploy-apply.txt" 2>&1 || fail "kubectl apply -k deploy failed: $(cat "$dir/outputs/deploy-apply.txt")"
+applied=$SECONDS
+alloc8() { [ "$(alloc)" = 8 ]; }
+if until_ok "$k8s_wait_s" alloc8; then
+	at=$(date +%s)
+	registered=$(date -d "$(jp node "$node" -o 'jsonpath={.metadata.creationTimestamp}')" +%s)
+	echo "the node reports nvidia.com/gpu: 8 allocatable"
+	echo "MEASURE guest start -> nvidia.com/gpu allocatable: $((SECONDS - boot_start)) s"
+	echo "MEASURE kubelet registration (the Node's creationTimestamp) -> allocatable: $((at - registered)) s"
+	echo "MEASURE kubectl apply -k deploy -> allocatable: $((SECONDS - applied)) s"
+else
+	fail "nvidia.com/gpu allocatable: '$(alloc)', want 8"
+	k -n $ns get pods -o wide 2>&1 | sed 's/^/    /'
+	for p in $(k -n $ns get pods -o name 2>/dev/null); do k -n $ns logs "$p" --all-containers 2>&1 | tail -15 | sed 's/^/    /'; done
+fi
+
+# The paths the plugin's CDI spec puts in a GPU container (its device and common edits: the
+# driver root's libraries and programs, the device nodes).
+spec=/var/run/cdi/k8s.device-plugin.nvidia.com-gpu.json
+t read "$spec" >"$dir/outputs/plugin-cdi.json" 2>&1 || fail "the plugin wrote no CDI spec at $spec"
+spec_paths=$(python3 -c '
+import json, sys
+s = json.load(open(sys.argv[1]))
+edits = [s.get("containerEdits") or {}] + [d.get("containerEdits") or {} for d in s.get("devices") or []]
+paths = {m["containerPath"] for e in edits for m in e.get("mounts") or []}
+print(" ".join(sorted(p for p in paths if not p.startswith("/dev/"))))' "$dir/outputs/plugin-cdi.json" 2>/dev/null)
+echo "the plugin's CDI spec mounts $(wc -w <<<"$spec_paths") files (not device nodes) into a GPU container"
+[ -n "$spec_paths" ] || fail "no file mounts in the plugin's CDI spec"
+
+# pod NAME GPUS [SECONDS]: a pod asking for GPUS nvidia.com/gpu that prints its nvidia device
+# nodes, then which of the spec's paths it has, and then sleeps SECONDS (default 0).
+pod() {
+	k apply -f - >/dev/null 2>&1 <<EOF
+apiVersion: v1
+kind: Pod
+metadata: {name: $1}
+spec:
+  restartPolicy: Never
+  tolerations: [{key: nvidia.com/gpu, operator: Exists, effect: NoSchedule}]
+  containers:
+  - name: work
+    image: $img
+    env: [{name: SPEC_PATHS, value: "$spec_paths"}]
+    command: ["/bin/sh", "-c", "ls /dev | grep nvidia | sort | tr '\\\\n' ' '; echo; for p in \$SPEC_PATHS; do [ -e \$p ] && echo \$p; done; echo end; sleep ${3:-0}"]
+    resources: {limits: {nvidia.com/gpu: $2}}
+EOF
+}
+phase() { jp pod "$1" -o 'jsonpath={.status.phase}'; }
+done_pod() { case $(phase "$1") in Succeeded | Failed) true ;; *) false ;; esac; }
+seen_nodes() { k logs "$1" 2>/dev/null | head -1; }
+seen_files() { k logs "$1" 2>/dev/null | sed -n '2,$p' | grep -v '^end$' | wc -l; }
+# allocated NAME: the GPUs the kubelet gave the pod, from its checkpoint
+# (pkg/kubelet/cm/devicemanager/checkpoint), as device node names (the simulated UUIDs end in
+# the minor, internal/sim).
+allocated() {
+	t read /var/lib/kubelet/device-plugins/kubelet_internal_checkpoint 2>/dev/null | python3 -c '
+import json, sys
+cp = json.load(sys.stdin)
+for e in cp["Data"]["PodDeviceEntries"] or []:
+    if e["PodUID"] == sys.argv[1] and e["ResourceName"] == "nvidia.com/gpu":
+        for devs in (e.get("DeviceIDs") or {}).values():
+            for u in devs: print("nvidia%d" % int(u[-12:], 16))' "$(jp pod "$1" -o 'jsonpath={.metadata.uid}')" | sort | tr '\n' ' ' | sed 's/ $//'
+}
+gpu_nodes() { tr ' ' '\n' <<<"$1" | grep -E '^nvidia[0-9]+$' | sort | tr '\n' ' ' | sed 's/ $//'; }
+
+say "pods: one asking for 2 GPUs, one for none"
+pod gpu-two 2
+pod gpu-none 0
+until_ok 300 done_pod gpu-two
+until_ok 300 done_pod gpu-none
+want=$(allocated gpu-two)
+got=$(gpu_nodes "$(seen_nodes gpu-two)")
+echo "gpu-two: phase $(phase gpu-two); kubelet allocated: $want; its /dev: $(seen_nodes gpu-two); spec files present: $(seen_files gpu-two) of $(wc -w <<<"$spec_paths")"
+[ "$(phase gpu-two)" = Succeeded ] && [ -n "$want" ] && [ "$got" = "$want" ] && [ "$(wc -w <<<"$got")" = 2 ] ||
+	fail "gpu-two did not see exactly the device nodes of its 2 GPUs (saw '$got', allocated '$want')"
+grep -q nvidiactl <<<"$(seen_nodes gpu-two)" || fail "gpu-two has no /dev/nvidiactl"
+[ "$(seen_files gpu-two)" = "$(wc -w <<<"$spec_paths")" ] || fail "gpu-two lacks some of the CDI spec's files: $(k logs gpu-two 2>&1 | tail -n +2 | tr '\n' ' ')"
+echo "gpu-none: phase $(phase gpu-none); its /dev: '$(seen_nodes gpu-none)'; spec files present: $(seen_files gpu-none)"
+[ "$(phase gpu-none)" = Succeeded ] && [ -z "$(seen_nodes gpu-none | tr -d ' ')" ] && [ "$(seen_files gpu-none)" = 0 ] ||
+	fail "gpu-none saw nvidia device nodes or driver files"
+
+say "a changed document and a service restart while a GPU pod runs"
+pod gpu-long 1 3600
+running_pod() { [ "$(phase gpu-long)" = Running ] && k logs gpu-long 2>/dev/null | grep -q '^end$'; }
+until_ok 300 running_pod || fail "gpu-long is not Running"
+long_want=$(allocated gpu-long)
+before=$(k exec gpu-long -- /bin/sh -c 'ls /dev | grep nvidia | sort | tr "\n" " "; for p in $SPEC_PATHS; do [ -e $p ] || echo "missing $p"; done' 2>&1)
+# The node's machine config with its nvidia-driver document replaced by one that adds a MIG
+# layout (all-disabled: MIG is off already, so no GPU changes under the pod).
+{
+	awk 'BEGIN { RS = "\n---\n"; ORS = "\n---\n" } !/kind: ExtensionServiceConfig/' "$dir/config/controlplane.yaml"
+	printf 'apiVersion: v1alpha1\nkind: ExtensionServiceConfig\nname: nvidia-driver\nenvironment:\n'
+	printf '  - %s\n' NVIDIA_DRIVER_HOST_ROOT=/run/nvidia/sim NVIDIA_DRIVER_PERSISTENCED=false NVIDIA_DRIVER_MIG_LAYOUT=all-disabled
+} >"$dir/applied.yaml"
+t apply-config --mode=no-reboot --file "$dir/applied.yaml" >/dev/null || fail "talosctl apply-config (a MIG layout) failed"
+starts=$(count 'msg=starting version=')
+restart
+restarted() { [ "$(count 'msg=starting version=')" -gt "$starts" ] && up8; }
+until_ok "$wait_s" restarted || fail "$svc did not come back up with 8 GPUs after its restart: $(status)"
+logs | grep -E 'key=migLayout|MIG' | tail -3 | sed 's/^/    /'
+after=$(k exec gpu-long -- /bin/sh -c 'ls /dev | grep nvidia | sort | tr "\n" " "; for p in $SPEC_PATHS; do [ -e $p ] || echo "missing $p"; done' 2>&1)
+echo "gpu-long ($long_want) before: $before"
+echo "gpu-long after the restart: $after; phase $(phase gpu-long), restarts $(jp pod gpu-long -o 'jsonpath={.status.containerStatuses[0].restartCount}')"
+[ "$(phase gpu-long)" = Running ] && [ "$(jp pod gpu-long -o 'jsonpath={.status.containerStatuses[0].restartCount}')" = 0 ] &&
+	[ "$after" = "$before" ] && ! grep -q missing <<<"$after" && [ "$(gpu_nodes "$after")" = "$long_want" ] ||
+	fail "the GPU pod was disturbed by the service's restart"
+pod gpu-next 1
+until_ok 300 done_pod gpu-next
+[ "$(phase gpu-next)" = Succeeded ] && [ "$(gpu_nodes "$(seen_nodes gpu-next)")" = "$(allocated gpu-next)" ] && [ -n "$(allocated gpu-next)" ] ||
+	fail "the next pod did not get its GPU: saw '$(seen_nodes gpu-next)', allocated '$(allocated gpu-next)'"
+echo "gpu-next: allocated $(allocated gpu-next), saw $(seen_nodes gpu-next)"
+k delete pod gpu-long --wait=false >/dev/null 2>&1
+
+say "cri restarted by a CRI configuration change: GPUs still allocatable, the next GPU pod gets its GPU"
+# Talos v1.14 restarts cri (not ext-nvidia-driver) when the CRI configuration changes
+# (internal/app/machined/pkg/controllers/cri/service.go); a CRICustomizationConfig is such a
+# change (machinery config/types/cri/customization.go; its content is Talos's own example).
+# cri's PID, from its newest event ("Process ... started with PID N").
+cri_pid() { t service cri 2>/dev/null | grep -o 'started with PID [0-9]*' | head -1 | grep -o '[0-9]*$'; }
+cri_before=$(cri_pid)
+{
+	cat "$dir/applied.yaml"
+	printf -- '---\napiVersion: v1alpha1\nkind: CRICustomizationConfig\nname: enable-metrics\ncontent: |\n'
+	printf '  [plugins."io.containerd.server.v1.metrics"]\n    address = "127.0.0.1:11234"\n'
+} >"$dir/applied-cri.yaml"
+t apply-config --mode=no-reboot --file "$dir/applied-cri.yaml" >/dev/null || fail "talosctl apply-config (a CRICustomizationConfig) failed"
+cri_restarted() { local p; p=$(cri_pid); [ -n "$p" ] && [ "$p" != "$cri_before" ] && t service cri 2>/dev/null | awk '$1 == "STATE" { print $2 }' | grep -qx Running; }
+if until_ok "$wait_s" cri_restarted; then
+	echo "cri restarted: PID $cri_before, then $(cri_pid); $svc $(state), its starts: $(count 'msg=starting version=')"
+else
+	fail "cri did not restart on the CRI configuration change (PID $cri_before, now $(cri_pid))"
+fi
+if until_ok "$k8s_wait_s" alloc8; then echo "nvidia.com/gpu: $(alloc) allocatable after cri's restart"; else fail "nvidia.com/gpu allocatable after cri's restart: '$(alloc)'"; fi
+pod gpu-after-cri 1
+until_ok 300 done_pod gpu-after-cri
+[ "$(phase gpu-after-cri)" = Succeeded ] && [ -n "$(allocated gpu-after-cri)" ] && [ "$(gpu_nodes "$(seen_nodes gpu-after-cri)")" = "$(allocated gpu-after-cri)" ] ||
+	fail "the pod after cri's restart did not get its GPU: saw '$(seen_nodes gpu-after-cri)', allocated '$(allocated gpu-after-cri)'"
+echo "gpu-after-cri: allocated $(allocated gpu-after-cri), saw $(seen_nodes gpu-after-cri)"
+
+say "measured: pod start with one GPU and without (created -> Running, the API's timestamps, 1 s resolution)"
+# start_seconds NAME: from the pod's creation to its container's start.
+start_seconds() {
+	local c s
+	c=$(jp pod "$1" -o 'jsonpath={.metadata.creationTimestamp}')
+	s=$(jp pod "$1" -o 'jsonpath={.status.containerStatuses[0].state.terminated.startedAt}')
+	echo $(($(date -d "$s" +%s) - $(date -d "$c" +%s)))
+}
+median() { tr ' ' '\n' | sort -n | awk '{ v[NR] = $1 } END { print v[int((NR + 1) / 2)] }'; }
+for kind in gpu nogpu; do
+	times=
+	for i in 1 2 3 4 5; do
+		n=start-$kind-$i
+		pod "$n" "$([ $kind = gpu ] && echo 1 || echo 0)"
+		until_ok 300 done_pod "$n"
+		times+="$(start_seconds "$n") "
+		k delete pod "$n" --wait=false >/dev/null 2>&1
+	done
+	echo "MEASURE pod start, $kind: median $(median <<<"${times% }") s of 5 ($times)"
+done
+
+t logs "$svc" >"$dir/outputs/$svc.log" 2>&1
+t logs machined >"$dir/outputs/machined.log" 2>&1
+echo
+echo "talos-simgpu: outputs in $dir/outputs; total $((SECONDS - boot_start)) s"
+if [ "$failed" != 0 ]; then
+	echo "talos-simgpu: FAIL"
+	exit 1
+fi
+echo "talos-simgpu: PASS"
