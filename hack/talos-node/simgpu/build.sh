@@ -28,7 +28,7 @@ if ! go build -trimpath -ldflags '-s -w -linkmode external -extldflags -static' 
 fi
 install -m 0755 _out/bin/simnvml-prochook "$c/prochook"
 install -m 0755 "${BUSYBOX:-/bin/busybox}" "$c/bin/busybox"
-for a in sh mount mountpoint mkdir cat head sleep; do ln -s busybox "$c/bin/$a"; done
+for a in sh mount awk mkdir cat head sleep; do ln -s busybox "$c/bin/$a"; done
 install -m 0755 "$here/driver.sh" "$c/driver.sh"
 install -m 0644 "$here/simnvml-driver.yaml" _out/extensions/simnvml-driver/rootfs/usr/local/etc/containers/simnvml-driver.yaml
 echo "simgpu: _out/extensions/nvidia-driver-dev-sim, _out/extensions/simnvml-driver" >&2

@@ -15,9 +15,11 @@
 set -eu
 export PATH=/bin
 host=/run/nvidia/sim
+# mounted PATH: a mount is at PATH (made by an earlier start: the binds reach the host).
+mounted() { awk -v p="$1" '$5 == p { found = 1 } END { exit !found }' /proc/self/mountinfo; }
 mkdir -p "$host/dev" "$host/run"
-mountpoint -q "$host/dev" || mount --bind /dev "$host/dev"
-mountpoint -q "$host/run" || mount --bind /host/run "$host/run"
+mounted "$host/dev" || mount --bind /dev "$host/dev"
+mounted "$host/run" || mount --bind /host/run "$host/run"
 mkdir -p "$host/etc/kubernetes/node-feature-discovery"
 [ -d "$host/etc/kubernetes/node-feature-discovery/features.d" ] ||
 	mkdir -m 0700 "$host/etc/kubernetes/node-feature-discovery/features.d"
