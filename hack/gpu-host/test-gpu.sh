@@ -23,6 +23,7 @@ check_name=k8s-node-gpu
 # shellcheck source=hack/k8s-node/checks.sh
 source "$top/hack/k8s-node/checks.sh"
 ns=nvidia-gpu
+model=$(host_gpu_model) # "NVIDIA H200"; GFD and the service's feature file write it as NVIDIA-H200
 logs=${K8S_NODE_RESULTS:-$K8S_NODE_DIR/logs}
 mkdir -p "$logs"
 
@@ -112,7 +113,7 @@ for p in gpu-a gpu-b; do
 	out=$(kubectl logs "$p" 2>&1)
 	echo "$out" | sed "s/^/  $p: /"
 	echo "$out" >"$logs/$p.log"
-	check "$p: nvidia-smi -L lists the H200" grep -q '^GPU 0: NVIDIA H200' <<<"$out"
+	check "$p: nvidia-smi -L lists the host's $model" grep -qF "GPU 0: $model (UUID" <<<"$out"
 	check "$p: the CUDA vector add is right on the GPU" grep -q '^vecadd: 4194304 elements ok' <<<"$out"
 	check "$p Succeeded" test "$(phase $p)" = Succeeded
 done
@@ -164,13 +165,13 @@ if [[ -f $f ]]; then
 	sed 's|^|  features.d/nvidia-driver: |' "$f"
 	cp "$f" "$logs/nfd-features-nvidia-driver"
 	echo "  features.d: mode $(stat -c %a "$nfd_features_d"), file mode $(stat -c %a "$f")"
-	check "the service wrote nvidia.com/gpu.product=NVIDIA-H200 and nvidia.com/mps.capable=true from NVML into $f, and no mig label (MIG off)" \
-		test "$(grep -v '^#' "$f" | tr '\n' ' ')" = "nvidia.com/gpu.product=NVIDIA-H200 nvidia.com/mps.capable=true "
+	check "the service wrote nvidia.com/gpu.product=${model// /-} and nvidia.com/mps.capable=true from NVML into $f, and no mig label (MIG off)" \
+		test "$(grep -v '^#' "$f" | tr '\n' ' ')" = "nvidia.com/gpu.product=${model// /-} nvidia.com/mps.capable=true "
 else
 	failed "the service wrote no feature file at $f"
 fi
-if until_true 120 'nfd_labels_are NVIDIA-H200 "" "" true'; then
-	pass "NFD put nvidia.com/gpu.product=NVIDIA-H200 and mps.capable=true on the Node from the service's file, no mig.config or mig.config.state (checked $((SECONDS - t_nfd)) s after NFD's apply)"
+if until_true 120 'nfd_labels_are "${model// /-}" "" "" true'; then
+	pass "NFD put nvidia.com/gpu.product=${model// /-} and mps.capable=true on the Node from the service's file, no mig.config or mig.config.state (checked $((SECONDS - t_nfd)) s after NFD's apply)"
 else
 	failed "NFD did not label the node from the service's file; its nvidia.com labels: $(nvidia_labels | tr "\n" " ")"
 	nfd_logs

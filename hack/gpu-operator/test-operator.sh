@@ -254,7 +254,8 @@ sed 's/^/  node label: /' "$logs/node-nvidia-labels.txt" | grep -E 'gpu\.(produc
 product=$(sed -n 's/^nvidia.com\/gpu.product=//p' "$logs/node-nvidia-labels.txt")
 check "GFD labelled the node (nvidia.com/gfd.timestamp, nvidia.com/gpu.product=$product)" \
 	test -n "$product" -a -n "$(grep '^nvidia.com/gfd.timestamp=' "$logs/node-nvidia-labels.txt")"
-[[ $sim == 0 ]] && check "GFD's product label names the H200 ($product)" grep -q H200 <<<"$product"
+[[ $sim == 0 ]] && check "GFD's product label names the host's $(host_gpu_model) ($product)" \
+	grep -qF "$(host_gpu_model | tr ' ' -)" <<<"$product"
 
 # --- on the GPU host: CUDA pods through the operator's device plugin (not tried when the
 # plugin advertises no GPU: they would only wait)
@@ -314,7 +315,7 @@ EOF
 		out=$(kubectl logs "$p" 2>&1)
 		echo "$out" >"$logs/$p.log"
 		echo "$out" | sed "s/^/  $p: /"
-		check "$p: nvidia-smi -L lists the H200" grep -q '^GPU 0: NVIDIA H200' <<<"$out"
+		check "$p: nvidia-smi -L lists the host's $(host_gpu_model)" grep -qF "GPU 0: $(host_gpu_model) (UUID" <<<"$out"
 		check "$p: the CUDA vector add is right on the GPU" grep -q '^vecadd: 4194304 elements ok' <<<"$out"
 		check "$p Succeeded" test "$(phase $p)" = Succeeded
 	done

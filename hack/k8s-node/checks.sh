@@ -18,3 +18,7 @@ until_true() { # SECONDS 'SHELL CONDITION': evaluate the condition until it hold
 	done
 }
 jp() { kubectl get "$@" 2>/dev/null; } # jp KIND/NAME -o jsonpath=...
+# The GPU host's card as its kernel driver names it ("Model: NVIDIA H200" in
+# /proc/driver/nvidia/gpus/*/information; NVML and nvidia-smi give the same name): the checks
+# expect the card they run on, an H200 or an H100.
+host_gpu_model() { awk -F':[ \t]*' '/^Model:/ { print $2; exit }' /proc/driver/nvidia/gpus/*/information 2>/dev/null; }
