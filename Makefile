@@ -13,7 +13,7 @@
 #   make test     what CI runs (installs what the tests need first): every module's tests in
 #                 full, the real Kubernetes node (test-k8s-node), the simulated GPU node
 #                 (test-k8s-sim), the real Talos node's document and reboot checks (test-talos-node,
-#                 Talos v1.14.1)
+#                 Talos v1.14.1), simulated GPUs on that node's kubelet (test-talos-simgpu, core)
 #   make test-talos-node-1.13 the same checks on Talos v1.13.9
 #   make test-talos-k8s       Kubernetes and deploy/ on the real Talos node
 #   make test-talos-controls  the Talos node's three controls, each on its own boot
@@ -158,12 +158,14 @@ check: lint
 # too, beside the Kubernetes nodes' (the guest is single-threaded: one core), and make test
 # waits for them at the end. The node runtime (containerd, runc) is built first, in the
 # foreground: the tests' runc is its. The extension the Talos node boots is built before
-# anything starts, so that the background writes nothing the foreground builds.
+# anything starts, so that the background writes nothing the foreground builds. Last, alone
+# (its guest takes both cores), simulated GPUs on the Talos node with Kubernetes
+# (test-talos-simgpu's core checks: boot, allocatable, a 2-GPU pod and a no-GPU pod).
 BG := $(OUT)/test-background
 test: deps build lint extension
 	hack/k8s-node/build.sh $(OUT)/k8s-node runtime
 	rm -rf $(BG) && mkdir -p $(BG)
-	{ nice -n 19 $(MAKE) --no-print-directory talos-node-build TALOS_NODE_KUBERNETES=0 >$(BG)/talos-node-build.log 2>&1 && \
+	{ nice -n 19 $(MAKE) --no-print-directory talos-node-build >$(BG)/talos-node-build.log 2>&1 && \
 	  TALOS_NODE_KUBERNETES=0 hack/talos-node/test.sh $(TALOS_NODE_EXTENSION) $(TALOS_NODE_RUN)/run >$(BG)/test-talos-node.log 2>&1; \
 	  echo $$? >$(BG)/talos-node.rc; } &
 	for m in $(TEST_MODULES); do (cd $$m && $(GO_TEST) ./...) || exit 1; done
@@ -172,6 +174,7 @@ test: deps build lint extension
 	@echo "make test: waiting for the Talos node ($(BG)/talos-node-build.log, $(BG)/test-talos-node.log)"
 	@while [ ! -e $(BG)/talos-node.rc ]; do sleep 5; done; cat $(BG)/talos-node-build.log; \
 	  cat $(BG)/test-talos-node.log 2>/dev/null; exit $$(cat $(BG)/talos-node.rc)
+	$(MAKE) --no-print-directory test-talos-simgpu TALOS_SIMGPU_CHECKS=core
 
 test-all: test test-talos-node-1.13 test-talos-k8s test-talos-simgpu test-talos-controls test-arm64
 
