@@ -44,6 +44,40 @@ until_ok() {
 	done
 }
 running() { [ "$(state)" = Running ]; }
+
+# cri_volumes_held: cri held at boot by its own volume mounts, as seen on 2026-12-05 on this
+# node (Talos v1.14.1; docs/talos-node.md, "cri held by its volumes at boot"). Talos restarts
+# cri whenever cri.toml or base-spec.json gets a new version
+# (internal/app/machined/pkg/controllers/cri/service.go), twice in this node's boots. When a
+# restart came while cri's volumes were being mounted, the MountRequest of /var/lib stayed
+# tearingDown (finalizer block.MountController), and cri, etcd and the kubelet waited for
+# /var/lib from then on.
+cri_volumes_held() {
+	t get mountrequests /var/lib -o yaml 2>/dev/null | grep -q '^ *phase: tearingDown$' &&
+		[ "$(t service cri 2>/dev/null | awk '$1 == "STATE" { print $2 }')" = Waiting ]
+}
+# until_booted SECONDS CMD...: until_ok for the first wait after the node's start. Once
+# cri_volumes_held has held for 60 s, the node is restarted (node.sh restart), once, with a
+# line that says so; held again, the wait runs out and its check fails.
+until_booted() {
+	local limit=$1 start=$SECONDS held= restarted=0
+	shift
+	until "$@"; do
+		((SECONDS - start < limit)) || return 1
+		if [ "$restarted" = 0 ] && cri_volumes_held; then
+			held=${held:-$SECONDS}
+			if ((SECONDS - held >= 60)); then
+				echo "cri held at boot: the MountRequest of /var/lib tearingDown and cri Waiting for its volumes for 60 s ($((SECONDS - boot_start)) s after the guest started); the node restarted once (docs/talos-node.md)"
+				t get mountrequests -o yaml >"$dir/outputs/mountrequests-held.yaml" 2>&1
+				"$here/node.sh" restart "$dir" || return 1
+				restarted=1
+			fi
+		else
+			held=
+		fi
+		sleep 5
+	done
+}
 # machined's log of the services its boot still waits for (both releases' wording, below): the
 # lines of its startAllServices task, not a service's own "Waiting for service ..." events.
 waits='startAllServices.* service "[^"]+" to be ("up"|up/finished|registered)'

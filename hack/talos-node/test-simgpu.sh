@@ -50,7 +50,8 @@ if ! TALOS_NODE_REGISTRY_PORT=$(cat "$dir/registry.port") \
 	echo "FAIL: the node did not come up"
 	exit 1
 fi
-until_ok "$wait_s" t bootstrap >/dev/null 2>&1 || fail "talosctl bootstrap was not accepted"
+bootstrap() { t bootstrap >/dev/null 2>&1; }
+until_booted "$wait_s" bootstrap || fail "talosctl bootstrap was not accepted"
 
 say "the simulated driver and the product's service"
 sim_running() { t service ext-simnvml-driver 2>/dev/null | awk '$1 == "STATE" { print $2 }' | grep -qx Running; }

@@ -49,14 +49,14 @@ fi
 bootstrap() { t bootstrap >/dev/null 2>&1; }
 if [ "$kubernetes" != 1 ]; then
 	:
-elif until_ok "$wait_s" bootstrap; then
+elif until_booted "$wait_s" bootstrap; then
 	echo "talosctl bootstrap accepted $((SECONDS - boot_start)) s after the guest started"
 else
 	fail "talosctl bootstrap was not accepted"
 fi
 
 say "boot: $svc reaches Running (Talos starts it; no depends that cannot come true)"
-if until_ok "$wait_s" running; then
+if until_booted "$wait_s" running; then
 	echo "$svc Running $((SECONDS - boot_start)) s after the guest started"
 else
 	# The checks after this one need a running service.
