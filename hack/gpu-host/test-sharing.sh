@@ -82,7 +82,8 @@ kubectl delete pod "${ts[@]}" --wait=true >/dev/null
 # --- mps-2
 t0=$SECONDS
 label mps-2
-if until_true 60 'nfd_labels_are NVIDIA-H200 "" "" true'; then
+model=$(host_gpu_model)
+if until_true 60 'nfd_labels_are "${model// /-}" "" "" true'; then
 	pass "the node is labelled nvidia.com/mps.capable=true from the service's NFD file"
 else
 	failed "nvidia.com/mps.capable on the node: '$(node_label mps\\.capable)'"
