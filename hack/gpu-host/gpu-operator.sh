@@ -12,4 +12,9 @@ for f in "$go_out/gpu-operator.yaml" "$go_out/versions" "$go_out/rootfs/gpu-oper
 	[[ -e $f ]] || { echo "gpu-operator: $f is missing: unpack gpu-operator.tar.xz (hack/gpu-operator/carry.sh) here" >&2; exit 1; }
 done
 cat "$go_out/versions"
+# The service's NFD feature file off, as docs/gpu-operator.md tells the operator's users: there
+# GFD and the MIG manager own nvidia.com/gpu.product, mps.capable and mig.config, and the
+# service's mps.capable=true scheduled the operator's MPS control daemon, whose mount-shm
+# replaced /run/nvidia/mps/shm under the running device plugin (the H200, 2026-12-05).
+export GPU_RUN_NFD_FEATURES=0
 exec "$here/gpu-run.sh" "$here/../gpu-operator/test-operator.sh"

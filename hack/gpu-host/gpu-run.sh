@@ -5,8 +5,8 @@
 #   1. the subroot and the extension from this host's driver (hack/dev/build-subroot.sh host,
 #      hack/release/extension), as docs/extension.md "Running it as Talos does" says;
 #   2. the service run as Talos runs it (hack/harness), with its NFD feature file on
-#      (NVIDIA_DRIVER_NFD_FEATURES_DIR, docs/kubernetes.md "Labels from the host"), and while
-#      it is ready
+#      (NVIDIA_DRIVER_NFD_FEATURES_DIR, docs/kubernetes.md "Labels from the host"; off with
+#      GPU_RUN_NFD_FEATURES=0, as the GPU Operator's runs have it), and while it is ready
 #   3. a one-node cluster (cluster.sh -gpu) running TEST (default hack/gpu-host/test-gpu.sh;
 #      hack/gpu-host/gpu-sharing.sh runs test-sharing.sh).
 # Output goes to $OUT (default /tmp/k8s-node-out): gpu-run.log and k8s-logs.tar.xz (the
@@ -33,11 +33,12 @@ run() {
 	# source of the service does not exist before it starts (the harness makes it 0700, as
 	# machined does), in a tmpfs of a mount namespace of its own so that the host's /etc
 	# keeps nothing of it.
-	local nfd_dir=/etc/kubernetes/node-feature-discovery made
+	local nfd_dir=/etc/kubernetes/node-feature-discovery made nfd_env=()
+	[[ ${GPU_RUN_NFD_FEATURES:-1} == 0 ]] || nfd_env=(-env NVIDIA_DRIVER_NFD_FEATURES_DIR=$nfd_dir/features.d)
 	made=$(mkdir -pv $nfd_dir | sed -n "s/^mkdir: created directory '\(.*\)'$/\1/p" | sort -r)
 	PATH=$top/_out/k8s-node/bin:$PATH unshare --mount --propagation private sh -c 'mount -t tmpfs -o mode=0755 k8s-node-nfd "$0" && exec "$@"' $nfd_dir \
 		_out/bin/harness -extension _out/extensions/nvidia-driver-dev-host \
-		-env NVIDIA_DRIVER_PERSISTENCE_MODE=false -env NVIDIA_DRIVER_NFD_FEATURES_DIR=$nfd_dir/features.d \
+		-env NVIDIA_DRIVER_PERSISTENCE_MODE=false "${nfd_env[@]}" \
 		-until ready,failed -wait 120s -runc "$top/_out/k8s-node/bin/runc" \
 		-after-ready "K8S_NODE_RESULTS=$logs/results $top/hack/k8s-node/cluster.sh -gpu -logs $logs/components -- $test"
 	local rc=$?
