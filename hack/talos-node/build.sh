@@ -11,9 +11,9 @@
 #                                hack/k8s-node/runtime; v1.13.9: containerd 2.2.7, runc 1.4.3,
 #                                from hack/talos-node/v1.13.9/runtime), CNI plugins, Talos's
 #                                hack/ config files
-#   bin/registry, bin/crane      distribution's registry and go-containerregistry's crane
-#                                (hack/talos-node/registry/go.mod): the images the node pulls
-#                                (hack/talos-node/registry.sh)
+#   bin/registry, bin/crane      distribution's registry (its filesystem driver alone,
+#                                hack/talos-node/registry/main.go) and go-containerregistry's
+#                                crane: the images the node pulls (hack/talos-node/registry.sh)
 #   guest/                       the KVM/TCG guest's pieces: the Debian kernel (v1.14.1: 6.18,
 #                                below), busybox, the kernel modules the node uses, and the
 #                                guest's init
@@ -94,12 +94,11 @@ if [[ "$(cat "$out/.stamp-runtime" 2>/dev/null)" != "$runtime_stamp" ]]; then
 fi
 
 # The registry and crane serve the images of the Kubernetes checks only.
-registry_stamp=$(stamp "$here"/registry/go.{mod,sum})
+registry_stamp=$(stamp "$here"/registry/go.{mod,sum} "$here"/registry/main.go)
 if [[ ${TALOS_NODE_KUBERNETES:-1} != 0 && "$(cat "$out/.stamp-registry" 2>/dev/null)" != "$registry_stamp" ]]; then
 	echo "talos-node: building the image registry and crane" >&2
 	(cd "$here/registry" && CGO_ENABLED=0 go build -trimpath -ldflags "-s -w" -o "$out/bin/" \
-		github.com/distribution/distribution/v3/cmd/registry \
-		github.com/google/go-containerregistry/cmd/crane)
+		. github.com/google/go-containerregistry/cmd/crane)
 	echo "$registry_stamp" >"$out/.stamp-registry"
 fi
 

@@ -19,7 +19,8 @@
 #       kubelet's /var/run bind (services/kubelet.go) is where it looks for the CRI socket,
 #       /run/containerd/containerd.sock
 #   registry.k8s.io/pause:3.10.2, nvcr.io/nvidia/k8s-device-plugin:v0.19.0,
-#   talos-nvidia/k8s-node-base:test     hack/k8s-node/images.sh's
+#   talos-nvidia/k8s-node-base:test, registry.k8s.io/nfd/node-feature-discovery:v0.18.2
+#                                       hack/k8s-node/images.sh's
 set -euo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
@@ -76,7 +77,10 @@ done
 [ -n "$port" ] || { echo "registry.sh: no free port found" >&2; exit 1; }
 
 # distribution's configuration (docs/content/about/configuration.md of its module): filesystem
-# storage, plain HTTP on the port; the guest reaches it through qemu's 10.0.2.2.
+# storage, plain HTTP on the port; the guest reaches it through qemu's 10.0.2.2. Not crane's
+# registry (`crane registry serve`, a quarter of the packages to build): containerd resumes a
+# blob with `Range: bytes=N-`, which it answers 416 "We don't understand your Range"
+# (go-containerregistry v0.22.1 pkg/registry/blobs.go; seen here 2026-12-05: no kubelet image).
 rm -rf "$dir/registry"
 mkdir -p "$dir/registry/data"
 cat >"$dir/registry/config.yml" <<EOF
@@ -117,4 +121,5 @@ done
 push "$images/pause.tar" pause:3.10.2
 push "$images/device-plugin.tar" nvidia/k8s-device-plugin:v0.19.0
 push "$images/base.tar" talos-nvidia/k8s-node-base:test
+push "$images/nfd.tar" "nfd/node-feature-discovery:$(cd "$top/hack/k8s-node/nfd" && go list -m -f '{{.Version}}' sigs.k8s.io/node-feature-discovery)"
 echo "registry.sh: serving on 127.0.0.1:$port (the guest's 10.0.2.2:$port)" >&2
