@@ -14,6 +14,10 @@
 #   - a changed document and `talosctl service ext-nvidia-driver restart` while a GPU pod runs:
 #     the pod keeps running, unrestarted, its GPU and driver files still there; the next pod
 #     gets its GPU;
+#   - Node Feature Discovery (its own deployment files, hack/k8s-node/nfd.sh) labels the node
+#     from the service's feature file; cri restarted by a CRI configuration change: the GPUs
+#     still allocatable, the next GPU pod gets its GPU, and a changed feature file, written
+#     through a bind of the host's features.d made before the restart, still changes NFD's labels;
 #   - measured (printed as MEASURE lines): the guest's start and the kubelet's registration to
 #     nvidia.com/gpu allocatable, and pod start with and without a GPU (medians of 5).
 #   test-simgpu.sh [STATE_DIR]
@@ -30,6 +34,7 @@ dir=${1:-$here/../../_out/talos-node/${TALOS_NODE_VERSION:-v1.14.1}/simgpu}
 cd "$top"
 exts="_out/extensions/nvidia-driver-dev-sim _out/extensions/simnvml-driver"
 img=talos-nvidia/k8s-node-base:test # hack/k8s-node/images.sh, served by registry.sh
+features_d=/etc/kubernetes/node-feature-discovery/features.d # the service's, node.patch.yaml
 ns=nvidia-gpu
 checks=${TALOS_SIMGPU_CHECKS:-all}
 [[ $checks == all || $checks == core ]] || { echo "test-simgpu: TALOS_SIMGPU_CHECKS=$checks: want all or core" >&2; exit 2; }
@@ -211,7 +216,8 @@ before=$(k exec gpu-long -- /bin/sh -c 'ls /dev | grep nvidia | sort | tr "\n" "
 {
 	awk 'BEGIN { RS = "\n---\n"; ORS = "\n---\n" } !/kind: ExtensionServiceConfig/' "$dir/config/controlplane.yaml"
 	printf 'apiVersion: v1alpha1\nkind: ExtensionServiceConfig\nname: nvidia-driver\nenvironment:\n'
-	printf '  - %s\n' NVIDIA_DRIVER_HOST_ROOT=/run/nvidia/sim NVIDIA_DRIVER_PERSISTENCED=false NVIDIA_DRIVER_MIG_LAYOUT=all-disabled
+	printf '  - %s\n' NVIDIA_DRIVER_HOST_ROOT=/run/nvidia/sim NVIDIA_DRIVER_PERSISTENCED=false \
+		NVIDIA_DRIVER_NFD_FEATURES_DIR=$features_d NVIDIA_DRIVER_MIG_LAYOUT=all-disabled
 } >"$dir/applied.yaml"
 t apply-config --mode=no-reboot --file "$dir/applied.yaml" >/dev/null || fail "talosctl apply-config (a MIG layout) failed"
 starts=$(count 'msg=starting version=')
@@ -232,7 +238,59 @@ until_ok 300 done_pod gpu-next
 echo "gpu-next: allocated $(allocated gpu-next), saw $(seen_nodes gpu-next)"
 k delete pod gpu-long --wait=false >/dev/null 2>&1
 
-say "cri restarted by a CRI configuration change: GPUs still allocatable, the next GPU pod gets its GPU"
+say "Node Feature Discovery v0.18.2 from its own deployment files: the service's labels on the node"
+# hack/k8s-node/nfd.sh's deployment (NFD's kustomize bases with our configuration: a 2 s
+# rescan) through Talos's kubelet, its image from registry.sh. Its worker reads the host's
+# features.d (its hostPath); the service writes under its host root, where driver.sh bound the
+# host's features.d when the node booted.
+kubectl() { k "$@"; }
+check() { local what=$1; shift; if "$@" >/dev/null 2>&1; then echo "$what: PASS"; else fail "$what"; fi; }
+K8S_NODE=$node K8S_NODE_DIR=$dir/outputs K8S_NODE_IMAGES=$top/_out/k8s-node/images
+# shellcheck source=hack/k8s-node/nfd.sh
+. "$top/hack/k8s-node/nfd.sh"
+# feature_labels: the labels in the service's feature file on the host, as NFD's worker reads
+# it ("name=value" a line, nvidia.com/ left out, sorted).
+feature_labels() { t read "$features_d/nvidia-driver" 2>/dev/null | sed -n 's|^nvidia.com/||p' | LC_ALL=C sort; }
+# node_nfd_labels NAME...: the node's nvidia.com labels of those names, the same way.
+node_nfd_labels() {
+	jp node "$node" -o json | python3 -c '
+import json, sys
+l = json.load(sys.stdin)["metadata"]["labels"]
+for k in sorted(l):
+    if k.startswith("nvidia.com/") and k.split("/", 1)[1] in sys.argv[1:]:
+        print(k.split("/", 1)[1] + "=" + l[k])' "$@" | LC_ALL=C sort
+}
+shown() { node_nfd_labels gpu.product mig.config mig.config.state mps.capable | tr '\n' ' '; }
+# nfd_agrees: the node has the file's labels, and no mig.config labels the file lacks.
+nfd_agrees() {
+	local f
+	f=$(feature_labels)
+	[ -n "$f" ] && [ "$(node_nfd_labels $(cut -d= -f1 <<<"$f") mig.config mig.config.state)" = "$f" ]
+}
+echo "the service's feature file: $(feature_labels | tr '\n' ' ')"
+grep -qx mig.config=all-disabled <<<"$(feature_labels)" || fail "the feature file has no mig.config=all-disabled (the applied layout): '$(feature_labels | tr '\n' ' ')'"
+nfd_deploy
+# Two changes for this node, as the node is and not as NFD is: the API server at the node's own
+# address, since no kube-proxy serves the kubernetes Service here (k8s.patch.yaml: the workers
+# exited with "dial tcp 10.96.0.1:443: i/o timeout"); client-go's in-cluster configuration
+# reads KUBERNETES_SERVICE_HOST and _PORT, and a container's own env wins over the kubelet's.
+# And no liveness probes: on the guest's emulated CPUs nfd-master and nfd-worker take longer
+# to serve /healthz than the probes allow, and the kubelet restarted them over and over.
+for c in nfd-master nfd-worker; do
+	o=deployment/$c
+	[ $c = nfd-worker ] && o=daemonset/$c
+	k -n "$nfd_ns" patch "$o" --type strategic -p '{"spec": {"template": {"spec": {"containers": [{"name": "'$c'", "livenessProbe": null,
+		"env": [{"name": "KUBERNETES_SERVICE_HOST", "value": "10.0.2.15"}, {"name": "KUBERNETES_SERVICE_PORT", "value": "6443"}]}]}}}}' >/dev/null ||
+		fail "could not patch $o for this node"
+done
+if until_ok "$k8s_wait_s" nfd_agrees; then
+	echo "NFD labelled the node from the service's feature file: $(shown)"
+else
+	fail "the node's labels are not the feature file's: node '$(shown)', file '$(feature_labels | tr '\n' ' ')'"
+	nfd_logs 2>&1 | sed 's/^/    /'
+fi
+
+say "cri restarted by a CRI configuration change: GPUs still allocatable, the next GPU pod gets its GPU, NFD still reads the feature file"
 # Talos v1.14 restarts cri (not ext-nvidia-driver) when the CRI configuration changes
 # (internal/app/machined/pkg/controllers/cri/service.go); a CRICustomizationConfig is such a
 # change (machinery config/types/cri/customization.go; its content is Talos's own example).
@@ -257,6 +315,22 @@ until_ok 300 done_pod gpu-after-cri
 [ "$(phase gpu-after-cri)" = Succeeded ] && [ -n "$(allocated gpu-after-cri)" ] && [ "$(gpu_nodes "$(seen_nodes gpu-after-cri)")" = "$(allocated gpu-after-cri)" ] ||
 	fail "the pod after cri's restart did not get its GPU: saw '$(seen_nodes gpu-after-cri)', allocated '$(allocated gpu-after-cri)'"
 echo "gpu-after-cri: allocated $(allocated gpu-after-cri), saw $(seen_nodes gpu-after-cri)"
+# The same configuration without the MIG layout: the service, restarted, writes its feature
+# file without the mig.config labels, through the bind driver.sh made before cri's restart;
+# NFD must take them off the node. (The bind of the service's own mount is made again at its
+# restart; driver.sh's is not.)
+grep -v NVIDIA_DRIVER_MIG_LAYOUT "$dir/applied-cri.yaml" >"$dir/applied-nolayout.yaml"
+t apply-config --mode=no-reboot --file "$dir/applied-nolayout.yaml" >/dev/null || fail "talosctl apply-config (no MIG layout) failed"
+starts=$(count 'msg=starting version=')
+restart
+until_ok "$wait_s" restarted || fail "$svc did not come back up with 8 GPUs after its restart: $(status)"
+no_layout() { ! feature_labels | grep -q '^mig\.config' && nfd_agrees; }
+if until_ok "$k8s_wait_s" no_layout; then
+	echo "after cri's restart NFD took the labels from the changed feature file: $(shown)"
+else
+	fail "NFD's labels after cri's restart are not the changed feature file's: node '$(shown)', file '$(feature_labels | tr '\n' ' ')'"
+	nfd_logs 2>&1 | sed 's/^/    /'
+fi
 
 say "measured: pod start with one GPU and without (created -> Running, the API's timestamps, 1 s resolution)"
 # start_seconds NAME: from the pod's creation to its container's start.

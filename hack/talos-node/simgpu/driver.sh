@@ -20,10 +20,17 @@ mounted() { awk -v p="$1" '$5 == p { found = 1 } END { exit !found }' /proc/self
 mkdir -p "$host/dev" "$host/run"
 mounted "$host/dev" || mount --bind /dev "$host/dev"
 mounted "$host/run" || mount --bind /host/run "$host/run"
-mkdir -p "$host/etc/kubernetes/node-feature-discovery"
-[ -d "$host/etc/kubernetes/node-feature-discovery/features.d" ] ||
-	mkdir -m 0700 "$host/etc/kubernetes/node-feature-discovery/features.d"
-if [ -f /dev/.simnvml/state.json ]; then
+# The host's NFD feature directory (as machined made it for this service's mount, 0700) at the
+# host root's etc/kubernetes/node-feature-discovery/features.d, where the product writes its
+# labels file: bound once, at this service's first start, so that a cri restart after it
+# shows whether a bind made before the restart still reaches NFD (test-simgpu.sh).
+features=$host/etc/kubernetes/node-feature-discovery/features.d
+mkdir -p "$features"
+mounted "$features" || mount --bind /host/features.d "$features"
+# A restart of this service keeps the state (and a MIG layout in it); a restart of the node
+# makes it anew, as a reboot would: its /run, with the host root's /proc files, is new, while
+# container mode keeps the guest's /dev (seen 2026-12-05, when the harness restarted the node).
+if [ -f /dev/.simnvml/state.json ] && [ -f "$host/proc/driver/nvidia/version" ]; then
 	echo "simnvml-driver: the simulated GPUs' state is kept: /dev/.simnvml"
 else
 	/simnvml-node -dir /dev/.simnvml -host-root "$host" -gpus h100-80gb:8 -nvswitches 4 \
