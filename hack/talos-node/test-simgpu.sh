@@ -173,22 +173,38 @@ k label namespace default pod-security.kubernetes.io/enforce=privileged --overwr
 pod control-two 2 0 privileged
 pod control-none 0 0 privileged
 for p in gpu-two gpu-none control-two control-none; do until_ok 300 done_pod $p; done
+# A control pod that did not run its command says nothing about the checks (seen once in
+# make test, 2026-12-05: control-two Failed with no output): its state is printed, and it runs
+# once more under another name; the check is then made on that pod.
+ctl_two=control-two ctl_none=control-none
+again() { # NAME GPUS: NAME if it Succeeded, else the name of its second run
+	if [ "$(phase "$1")" != Succeeded ]; then
+		echo "$1: phase $(phase "$1"), its container $(jp pod "$1" -o 'jsonpath={.status.containerStatuses[0].state}'); once more as $1-again" >&2
+		pod "$1-again" "$2" 0 privileged
+		until_ok 300 done_pod "$1-again"
+		echo "$1-again"
+	else
+		echo "$1"
+	fi
+}
+ctl_two=$(again control-two 2)
+ctl_none=$(again control-none 0)
 echo "gpu-two: phase $(phase gpu-two); kubelet allocated: $(allocated gpu-two); its /dev: $(seen_nodes gpu-two); spec files present: $(seen_files gpu-two) of $(wc -w <<<"$spec_paths")"
 exactly_its_gpus gpu-two 2 ||
 	fail "gpu-two did not see exactly the device nodes of its 2 GPUs and the spec's files: $(k logs gpu-two 2>&1 | tr '\n' ' ')"
 echo "gpu-none: phase $(phase gpu-none); its /dev: '$(seen_nodes gpu-none)'; spec files present: $(seen_files gpu-none)"
 no_gpu gpu-none || fail "gpu-none saw nvidia device nodes or driver files"
-echo "control-two (privileged): phase $(phase control-two); kubelet allocated: $(allocated control-two); its /dev: $(seen_nodes control-two)"
-echo "control-none (privileged): phase $(phase control-none); its /dev: '$(seen_nodes control-none)'"
-if [ "$(phase control-two)" = Succeeded ] && ! exactly_its_gpus control-two 2; then
+echo "$ctl_two (privileged): phase $(phase $ctl_two); kubelet allocated: $(allocated $ctl_two); its /dev: $(seen_nodes $ctl_two)"
+echo "$ctl_none (privileged): phase $(phase $ctl_none); its /dev: '$(seen_nodes $ctl_none)'"
+if [ "$(phase $ctl_two)" = Succeeded ] && ! exactly_its_gpus $ctl_two 2; then
 	echo "control: the 2-GPU check fails on a pod that sees more than its GPUs: PASS"
 else
-	fail "control: the 2-GPU check did not fail on the privileged pod (phase $(phase control-two))"
+	fail "control: the 2-GPU check did not fail on the privileged pod (phase $(phase $ctl_two))"
 fi
-if [ "$(phase control-none)" = Succeeded ] && ! no_gpu control-none; then
+if [ "$(phase $ctl_none)" = Succeeded ] && ! no_gpu $ctl_none; then
 	echo "control: the no-GPU check fails on a pod that sees the host's GPUs: PASS"
 else
-	fail "control: the no-GPU check did not fail on the privileged pod (phase $(phase control-none))"
+	fail "control: the no-GPU check did not fail on the privileged pod (phase $(phase $ctl_none))"
 fi
 
 finish() {
