@@ -12,7 +12,8 @@
 #   make check    the fast loop: gofmt, vet and the unit tests (-short) of every module
 #   make test     what CI runs (installs what the tests need first): every module's tests in
 #                 full, the real Kubernetes node (test-k8s-node), the simulated GPU node
-#                 (test-k8s-sim), the real Talos node's document and reboot checks (test-talos-node,
+#                 (test-k8s-sim), NVIDIA's GPU Operator's setup 1 on it, up to its documented
+#                 stop (test-k8s-sim-operator), the real Talos node's document and reboot checks (test-talos-node,
 #                 Talos v1.14.1), simulated GPUs on that node's kubelet (test-talos-simgpu, core)
 #   make test-talos-node-1.13 the same checks on Talos v1.13.9
 #   make test-talos-k8s       Kubernetes and deploy/ on the real Talos node
@@ -171,6 +172,7 @@ test: deps build lint extension
 	for m in $(TEST_MODULES); do (cd $$m && $(GO_TEST) ./...) || exit 1; done
 	$(MAKE) test-k8s-node
 	$(MAKE) test-k8s-sim
+	$(MAKE) test-k8s-sim-operator
 	@echo "make test: waiting for the Talos node ($(BG)/talos-node-build.log, $(BG)/test-talos-node.log)"
 	@while [ ! -e $(BG)/talos-node.rc ]; do sleep 5; done; cat $(BG)/talos-node-build.log; \
 	  cat $(BG)/test-talos-node.log 2>/dev/null; exit $$(cat $(BG)/talos-node.rc)

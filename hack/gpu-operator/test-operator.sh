@@ -33,6 +33,13 @@
 # (built from cuda-samples with CUDA); this project cannot build it, so on the GPU host the
 # operator's image gets this project's vecadd as /usr/bin/vectorAdd, a stand-in: same job (add
 # two vectors on the GPU, exit non-zero when wrong), not NVIDIA's program.
+# GPU_OPERATOR_EXPECT_STOP=toolkit (setup 1, make test-k8s-sim-operator): by the operator's
+# source setup 1 stops at the validator's toolkit check on a node without an NVIDIA runtime
+# (docs/gpu-operator.md, "Setup 1 cannot reach ready"). Then the checks are that it stops
+# there and nowhere earlier: the operator available, the validator's driver check passed on
+# the extension's driver root, its toolkit check failing with the error its source gives, the
+# device plugin's pod held by its wait for toolkit-ready; and a control, the validator's own
+# driver check run with an empty driver root, which must fail. Reaching `ready` fails it.
 # Prints PASS/FAIL and MEASURE lines; exits non-zero on a failure.
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
@@ -50,12 +57,23 @@ echo "  driver root: $(cat /run/nvidia/driver/usr/share/nvidia-driver/source 2>/
 echo "  built: $(tr '\n' ';' <"$go_out/versions" 2>/dev/null)"
 ngpu=$(python3 -c 'import json; print(len(json.load(open("/run/nvidia-driver/status.json")).get("gpus") or []))' 2>/dev/null)
 echo "  the service's status: ${ngpu:-no} GPUs"
+expect_stop=${GPU_OPERATOR_EXPECT_STOP:-}
+[[ -z $expect_stop || $expect_stop == toolkit ]] || { echo "GPU_OPERATOR_EXPECT_STOP=$expect_stop: only 'toolkit' is known" >&2; exit 2; }
 values=$(sed -n 's/^values //p' "$go_out/versions" 2>/dev/null)
 values=${values:-deploy/gpu-operator/values-cdi.yaml}
 nri=0
 grep -q '^ *nriPluginEnabled: true' "$go_out/gpu-operator.yaml" 2>/dev/null && nri=1
 echo "  values: $values; toolkit NRI plugin mode: $nri"
 . "$top/hack/k8s-node/workload.sh"
+collect_logs() { # what to read afterwards, in $logs
+	kubectl -n $ns logs deploy/gpu-operator >"$logs/gpu-operator.log" 2>&1
+	for p in $(kubectl -n $ns get pods -o name); do
+		kubectl -n $ns logs "$p" --all-containers --prefix >"$logs/${p#pod/}.log" 2>&1
+	done
+	kubectl -n $ns get pods -o yaml >"$logs/operator-pods.yaml" 2>&1
+	jp clusterpolicy cluster-policy -o yaml >"$logs/clusterpolicy.yaml"
+	kubectl get pods -A -o wide >"$logs/pods.txt" 2>&1
+}
 
 # --- the images, packed from their root filesystems as images.sh packs
 if [[ $sim == 0 && -d $go_out/rootfs/gpu-operator ]]; then
@@ -165,7 +183,10 @@ state() { jp clusterpolicy cluster-policy -o 'jsonpath={.status.state}'; }
 # A validator init container that has failed three times will not pass by waiting longer.
 vloop() { test "$(jp -n $ns pod -l app=nvidia-operator-validator -o 'jsonpath={range .items[0].status.initContainerStatuses[*]}{.restartCount}{"\n"}{end}' | sort -n | tail -1)" -ge 3; }
 wait_s=120 # for what follows the ClusterPolicy: short once it is known not to be ready
-if until_true 300 'test "$(state)" = ready || vloop'; [[ $(state) == ready ]]; then
+if until_true 300 'test "$(state)" = ready || vloop'; [[ $expect_stop == toolkit ]]; then
+	check "the ClusterPolicy is '$(state)' after $((SECONDS - t0)) s, not ready, as setup 1 must be without an NVIDIA runtime" \
+		test "$(state)" != ready
+elif [[ $(state) == ready ]]; then
 	pass "the ClusterPolicy reached ready ($((SECONDS - t0)) s after apply)"
 	echo "MEASURE operator: apply -> ClusterPolicy ready: $((SECONDS - t0)) s"
 else
@@ -175,6 +196,13 @@ fi
 jp clusterpolicy cluster-policy -o 'jsonpath={.status}' | sed 's/^/  ClusterPolicy status: /'
 echo
 kubectl -n $ns get pods -o wide 2>&1 | sed 's/^/  /'
+
+# --- setup 1's stop (GPU_OPERATOR_EXPECT_STOP=toolkit), then the logs, and no further
+if [[ $expect_stop == toolkit ]]; then
+	. "$here/setup1-stop.sh"
+	collect_logs
+	exit $fail
+fi
 
 # --- setup 2: the toolkit's pod, its management CDI spec and its NRI plugin
 if [[ $nri == 1 ]]; then
@@ -333,13 +361,7 @@ else
 fi
 
 # --- what to read afterwards
-kubectl -n $ns logs deploy/gpu-operator >"$logs/gpu-operator.log" 2>&1
-for p in $(kubectl -n $ns get pods -o name); do
-	kubectl -n $ns logs "$p" --all-containers --prefix >"$logs/${p#pod/}.log" 2>&1
-done
-kubectl -n $ns get pods -o yaml >"$logs/operator-pods.yaml" 2>&1
-jp clusterpolicy cluster-policy -o yaml >"$logs/clusterpolicy.yaml"
-kubectl get pods -A -o wide >"$logs/pods.txt" 2>&1
+collect_logs
 if [[ $sim == 1 && $nri == 1 ]]; then
 	# What the toolkit left on this machine's /var and /run (shared with the node): its install
 	# directory, its management spec and its pid directory. Nothing of it stays for the next run.
