@@ -153,30 +153,16 @@ GO_TEST := go test -count=1 -vet=off -ldflags=-w
 check: lint
 	for m in $(TEST_MODULES); do (cd $$m && $(GO_TEST) -short ./...) || exit 1; done
 
-# The Talos node's programs (machined alone takes most of an hour cold on a 2-core machine)
-# build at nice 19 while the tests before the node run, on the CPU those tests leave idle
-# while they wait on their containers and nodes; the node's checks then run in the background
-# too, beside the Kubernetes nodes' (the guest is single-threaded: one core), and make test
-# waits for them at the end. The node runtime (containerd, runc) is built first, in the
-# foreground: the tests' runc is its. The extension the Talos node boots is built before
-# anything starts, so that the background writes nothing the foreground builds. Last, alone
-# (its guest takes both cores), simulated GPUs on the Talos node with Kubernetes
-# (test-talos-simgpu's core checks: boot, allocatable, a 2-GPU pod and a no-GPU pod).
-BG := $(OUT)/test-background
-test: deps build lint extension
-	hack/k8s-node/build.sh $(OUT)/k8s-node runtime
-	rm -rf $(BG) && mkdir -p $(BG)
-	{ nice -n 19 $(MAKE) --no-print-directory talos-node-build >$(BG)/talos-node-build.log 2>&1 && \
-	  TALOS_NODE_KUBERNETES=0 hack/talos-node/test.sh $(TALOS_NODE_EXTENSION) $(TALOS_NODE_RUN)/run >$(BG)/test-talos-node.log 2>&1; \
-	  echo $$? >$(BG)/talos-node.rc; } &
-	for m in $(TEST_MODULES); do (cd $$m && $(GO_TEST) ./...) || exit 1; done
-	$(MAKE) test-k8s-node
-	$(MAKE) test-k8s-sim
-	$(MAKE) test-k8s-sim-operator
-	@echo "make test: waiting for the Talos node ($(BG)/talos-node-build.log, $(BG)/test-talos-node.log)"
-	@while [ ! -e $(BG)/talos-node.rc ]; do sleep 5; done; cat $(BG)/talos-node-build.log; \
-	  cat $(BG)/test-talos-node.log 2>/dev/null; exit $$(cat $(BG)/talos-node.rc)
-	$(MAKE) --no-print-directory test-talos-simgpu TALOS_SIMGPU_CHECKS=core
+# make test's recipe is hack/dev/make-test.sh: machined and talosctl (most of a cold run's
+# compiling) build at nice 19 in the background from the start, on the CPU the foreground leaves
+# idle while it downloads and waits on its containers and nodes; the Talos node's document and
+# reboot checks (test-talos-node) and then its simulated GPUs (test-talos-simgpu's core checks:
+# boot, allocatable, a 2-GPU pod and a no-GPU pod) follow there, beside the foreground's module
+# tests, Kubernetes node, simulated GPU node and GPU Operator. The script says what each line
+# waits for.
+test: deps
+	MAKE="$(MAKE)" OUT="$(OUT)" TEST_MODULES="$(TEST_MODULES)" GO_TEST="$(GO_TEST)" \
+	  TALOS_NODE_EXTENSION="$(TALOS_NODE_EXTENSION)" TALOS_NODE_RUN="$(TALOS_NODE_RUN)" hack/dev/make-test.sh
 
 test-all: test test-talos-node-1.13 test-talos-k8s test-talos-simgpu test-talos-controls test-arm64
 
