@@ -61,11 +61,15 @@ show_background() {
 		cat "$bg/$f.log"
 	done
 }
+# background_runs: a process of the background's group still runs (zombies aside).
+background_runs() { ps -e -o pgid=,stat= | awk -v g="$bg_pid" '$1 == g && $2 !~ /^Z/ { found = 1 } END { exit !found }'; }
 fail() {
 	echo "make test: FAIL: $*" >&2
 	touch "$bg/stop"
 	kill -TERM -- "-$bg_pid" 2>/dev/null
 	wait "$bg_pid" 2>/dev/null
+	# The node scripts stop their guests on the way out (their EXIT traps).
+	for _ in $(seq 120); do background_runs || break; sleep 0.5; done
 	show_background
 	exit 1
 }

@@ -134,21 +134,44 @@ spec:
     securityContext: {privileged: $([ "${4:-}" = privileged ] && echo true || echo false)}
 EOF
 }
-phase() { jp pod "$1" -o 'jsonpath={.status.phase}'; }
+# A finished pod's phase, log and GPUs no longer change: each is read once, when first asked
+# for after the pod finished, and kept in $pods (under emulation every kubectl call takes
+# seconds of the API server's time; the checks below ask for each several times).
+pods=$dir/outputs/pods
+rm -rf "$pods" && mkdir -p "$pods"
+finished() { [ -s "$pods/$1.phase" ]; }
+phase() {
+	if finished "$1"; then cat "$pods/$1.phase"; return; fi
+	local p
+	p=$(jp pod "$1" -o 'jsonpath={.status.phase}')
+	case $p in Succeeded | Failed) echo "$p" >"$pods/$1.phase" ;; esac
+	echo "$p"
+}
 done_pod() { case $(phase "$1") in Succeeded | Failed) true ;; *) false ;; esac; }
-seen_nodes() { k logs "$1" 2>/dev/null | head -1; }
-seen_files() { k logs "$1" 2>/dev/null | sed -n '2,$p' | grep -v '^end$' | wc -l; }
+pod_log() {
+	if [ -e "$pods/$1.log" ]; then cat "$pods/$1.log"; return; fi
+	local l
+	l=$(k logs "$1" 2>/dev/null) || return 0
+	finished "$1" && printf '%s\n' "$l" >"$pods/$1.log"
+	printf '%s\n' "$l"
+}
+seen_nodes() { pod_log "$1" | head -1; }
+seen_files() { pod_log "$1" | sed -n '2,$p' | grep -v '^end$' | wc -l; }
 # allocated NAME: the GPUs the kubelet gave the pod, from its checkpoint
 # (pkg/kubelet/cm/devicemanager/checkpoint), as device node names (the simulated UUIDs end in
 # the minor, internal/sim).
 allocated() {
-	t read /var/lib/kubelet/device-plugins/kubelet_internal_checkpoint 2>/dev/null | python3 -c '
+	if [ -e "$pods/$1.allocated" ]; then cat "$pods/$1.allocated"; return; fi
+	local a
+	a=$(t read /var/lib/kubelet/device-plugins/kubelet_internal_checkpoint 2>/dev/null | python3 -c '
 import json, sys
 cp = json.load(sys.stdin)
 for e in cp["Data"]["PodDeviceEntries"] or []:
     if e["PodUID"] == sys.argv[1] and e["ResourceName"] == "nvidia.com/gpu":
         for devs in (e.get("DeviceIDs") or {}).values():
-            for u in devs: print("nvidia%d" % int(u[-12:], 16))' "$(jp pod "$1" -o 'jsonpath={.metadata.uid}')" | sort | tr '\n' ' ' | sed 's/ $//'
+            for u in devs: print("nvidia%d" % int(u[-12:], 16))' "$(jp pod "$1" -o 'jsonpath={.metadata.uid}')" | sort | tr '\n' ' ' | sed 's/ $//')
+	finished "$1" && [ -n "$a" ] && echo "$a" >"$pods/$1.allocated"
+	echo "$a"
 }
 gpu_nodes() { tr ' ' '\n' <<<"$1" | grep -E '^nvidia[0-9]+$' | sort | tr '\n' ' ' | sed 's/ $//'; }
 
