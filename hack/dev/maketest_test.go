@@ -30,7 +30,7 @@ echo $$ >>"$STUB_LOG.pids"; sleep "${STUB_SLEEP:-0}"
 echo "talos-node: checks"; exit "${STUB_RC_talos_node:-0}"`,
 	"hack/talos-node/test-simgpu.sh": `echo "test-simgpu.sh $* checks=$TALOS_SIMGPU_CHECKS" >>"$STUB_LOG"
 echo $$ >>"$STUB_LOG.pids"
-[ -d "$TALOS_SIMGPU_EXTENSIONS/nvidia-driver-dev-sim" ] && [ -d "$TALOS_SIMGPU_EXTENSIONS/simnvml-driver" ] || exit 7
+[ -d _out/extensions/nvidia-driver-dev-sim ] && [ -d _out/extensions/simnvml-driver ] || exit 7
 sleep "${STUB_SLEEP:-0}"
 echo "talos-simgpu: checks"; exit "${STUB_RC_simgpu:-0}"`,
 }
@@ -122,10 +122,12 @@ func TestMakeTestPassesWhenBothLinesPass(t *testing.T) {
 	require.Contains(t, res.out, "talos-simgpu: checks")
 
 	// The background builds the rest of the node only after the foreground's runtime, and boots
-	// the simulated GPUs from the copies made after their build.
+	// the simulated GPUs once the foreground is done and has built their extensions.
 	require.Less(t, index(t, res.log, "k8s-node/build.sh _out/k8s-node runtime"), index(t, res.log, "make --no-print-directory talos-node-build"))
 	require.Less(t, index(t, res.log, "talos-node/build.sh parts=programs"), index(t, res.log, "make --no-print-directory talos-node-build"))
 	require.Less(t, index(t, res.log, "simgpu/build.sh"), index(t, res.log, "test-simgpu.sh"))
+	// The simulated GPUs' guest runs once the foreground is done.
+	require.Less(t, index(t, res.log, "make --no-print-directory test-k8s-sim-operator"), index(t, res.log, "test-simgpu.sh"))
 	index(t, res.log, "talos-node/test.sh _out/extensions/dev _out/talos-node/v1.14.1/run kubernetes=0")
 	index(t, res.log, "test-simgpu.sh _out/talos-node/v1.14.1/simgpu checks=core")
 	for _, target := range []string{"test-k8s-node", "test-k8s-sim", "test-k8s-sim-operator"} {
