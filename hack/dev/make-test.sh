@@ -61,8 +61,17 @@ show_background() {
 		cat "$bg/$f.log"
 	done
 }
-# background_runs: a process of the background's group still runs (zombies aside).
-background_runs() { ps -e -o pgid=,stat= | awk -v g="$bg_pid" '$1 == g && $2 !~ /^Z/ { found = 1 } END { exit !found }'; }
+# background_runs: a process of the background's group still runs (zombies aside), from
+# /proc/PID/stat: "PID (COMM) STATE PPID PGRP ...", COMM may hold spaces.
+background_runs() {
+	local f stat state pgrp
+	for f in /proc/[0-9]*/stat; do
+		{ read -r stat <"$f"; } 2>/dev/null || continue
+		read -r state _ pgrp _ <<<"${stat##*) }"
+		[[ $pgrp == "$bg_pid" && $state != Z ]] && return 0
+	done
+	return 1
+}
 fail() {
 	echo "make test: FAIL: $*" >&2
 	touch "$bg/stop"
