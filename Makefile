@@ -33,9 +33,17 @@ GLIBC_LOADER ?= lib64/ld-linux-x86-64.so.2
 VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 
 export CGO_ENABLED := 1
-# -trimpath everywhere, in builds and tests: it is part of Go's build-cache key, so a package
-# that make build compiled is a cache hit for go test, the test binaries and the scripts.
-export GOFLAGS := -trimpath
+# One build configuration for every Go package that make builds, vets and tests, and for the
+# upstream programs its scripts build (they add GO_TAGS to their programs' own tags): Talos's
+# (its Makefile builds with GOAMD64=v2, which Talos's own binaries need, and the grpcnotrace
+# tag), with Go's own DNS resolver and user lookup (netgo, osusergo), so that a package is
+# compiled alike with cgo and without. -trimpath, GOAMD64 and the files that tags pick are part
+# of Go's build-cache key: with one configuration the packages that our tests, Kubernetes,
+# machined, containerd and NVIDIA's programs share (the standard library, grpc, client-go at
+# the versions they have in common) compile once, not once per configuration.
+export GOAMD64 := v2
+export GO_TAGS := grpcnotrace,netgo,osusergo
+export GOFLAGS := -trimpath -tags=$(GO_TAGS)
 # go-nvml's header marks some calls deprecated; the warnings are noise.
 export CGO_CFLAGS := -O2 -Wno-deprecated-declarations
 
@@ -169,7 +177,7 @@ test-all: test test-talos-node-1.13 test-talos-k8s test-talos-simgpu test-talos-
 lint:
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt would change:"; echo "$$out"; exit 1; fi
 	go vet ./...
-	go vet -tags simulate ./service
+	go vet -tags $(GO_TAGS),simulate ./service
 	cd hack/gpu-host/consumers && go vet ./...
 	cd hack/talos-machinery/talos113 && go vet ./...
 	cd hack/talos-machinery/talos114 && go vet ./...
@@ -205,7 +213,7 @@ release-image:
 
 # The demo build: the service plus simulated GPUs (-tags simulate); the product has neither.
 demo: build
-	go build -trimpath -tags simulate -o $(OUT)/bin/nvidia-driver-demo ./service
+	go build -trimpath -tags $(GO_TAGS),simulate -o $(OUT)/bin/nvidia-driver-demo ./service
 	hack/dev/demo.sh
 
 include hack/dev/deploy.mk

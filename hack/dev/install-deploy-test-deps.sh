@@ -22,10 +22,11 @@ build() { # name package
 		return
 	fi
 	echo "building $name ($pkg) into $out" >&2
-	# With the Kubernetes node's flags (hack/k8s-node/build.sh: no cgo, GOAMD64=v2, grpcnotrace)
+	# With the Kubernetes node's flags (hack/k8s-node/build.sh: no cgo, GOAMD64=v2, grpcnotrace
+	# and make's GO_TAGS)
 	# and, in tools/go.mod, its versions of the modules both use: the 784 packages that helm
 	# and kustomize share with kube are then compiled once (2026-12-05, go list -deps).
-	(cd "$root/hack/dev/tools" && CGO_ENABLED=0 GOAMD64=v2 go build -tags grpcnotrace -ldflags '-s -w' -o "$out/$name.tmp" "$pkg")
+	(cd "$root/hack/dev/tools" && CGO_ENABLED=0 GOAMD64=v2 go build -tags "grpcnotrace${GO_TAGS:+,$GO_TAGS}" -ldflags '-s -w' -o "$out/$name.tmp" "$pkg")
 	mv "$out/$name.tmp" "$out/$name"
 	echo "$stamp" >"$out/$name.stamp"
 }

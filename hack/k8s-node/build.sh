@@ -40,10 +40,11 @@ if [[ $parts == *" kube "* && "$(cat "$out/.stamp-kube" 2>/dev/null)" != "$kube_
 	k8s_minor=${k8s_version#v*.}
 	k8s_minor=${k8s_minor%%.*}
 	echo "k8s-node: building Kubernetes $k8s_version (kubelet, control plane, kubectl, etcd) into $out/bin" >&2
-	# With machined's GOAMD64 and grpc tag (hack/talos-node/build.sh) and, in kube/go.mod, the
-	# versions machined v1.14.1 builds the modules both use at: the thousand packages the two
-	# share (client-go, the API types, grpc, etcd's client) compile once.
-	(cd "$here/kube" && CGO_ENABLED=0 GOAMD64=v2 go build -trimpath -tags grpcnotrace -o "$out/bin/kube" -ldflags "-s -w \
+	# With machined's GOAMD64 and grpc tag (hack/talos-node/build.sh), make's GO_TAGS (the
+	# Makefile's one build configuration) and, in kube/go.mod, the versions machined v1.14.1
+	# builds the modules both use at: the thousand packages the two share (client-go, the API
+	# types, grpc, etcd's client) compile once.
+	(cd "$here/kube" && CGO_ENABLED=0 GOAMD64=v2 go build -trimpath -tags "grpcnotrace${GO_TAGS:+,$GO_TAGS}" -o "$out/bin/kube" -ldflags "-s -w \
 		-X k8s.io/component-base/version.gitVersion=$k8s_version \
 		-X k8s.io/component-base/version.gitMajor=1 \
 		-X k8s.io/component-base/version.gitMinor=$k8s_minor \
@@ -61,13 +62,13 @@ if [[ $parts == *" runtime "* && "$(cat "$out/.stamp-runtime" 2>/dev/null)" != "
 	runc_version=$(go list -m -f '{{.Version}}' github.com/opencontainers/runc)
 	echo "k8s-node: building containerd $containerd_version, runc $runc_version and CNI plugins" >&2
 	# containerd's own Makefile: version in version.Version, no btrfs snapshotter without cgo.
-	CGO_ENABLED=0 go build -trimpath -tags "no_btrfs urfave_cli_no_docs" -o "$out/bin/" \
+	CGO_ENABLED=0 go build -trimpath -tags "no_btrfs,urfave_cli_no_docs${GO_TAGS:+,$GO_TAGS}" -o "$out/bin/" \
 		-ldflags "-s -w -X github.com/containerd/containerd/v2/version.Version=${containerd_version#v}" \
 		github.com/containerd/containerd/v2/cmd/containerd \
 		github.com/containerd/containerd/v2/cmd/ctr \
 		github.com/containerd/containerd/v2/cmd/containerd-shim-runc-v2
 	# runc's Makefile "static" target: cgo (nsenter), seccomp, static PIE.
-	CGO_ENABLED=1 go build -trimpath -buildmode=pie -tags "seccomp urfave_cli_no_docs netgo osusergo" \
+	CGO_ENABLED=1 go build -trimpath -buildmode=pie -tags "seccomp,urfave_cli_no_docs,netgo,osusergo${GO_TAGS:+,$GO_TAGS}" \
 		-o "$out/bin/runc" -ldflags "-s -w -linkmode external -extldflags -static-pie" \
 		github.com/opencontainers/runc
 	CGO_ENABLED=0 go build -trimpath -o "$out/cni/" -ldflags "-s -w" \

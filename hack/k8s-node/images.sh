@@ -147,7 +147,7 @@ flags validator -ref talos-nvidia/gpu-operator-validator:test -entrypoint /bin/s
 base nfd
 nfd=sigs.k8s.io/node-feature-discovery
 nfd_ver=$(cd "$here/nfd" && go list -m -f '{{.Version}}' $nfd)
-(cd "$here/nfd" && CGO_ENABLED=0 go build -trimpath -tags osusergo,netgo -o "$R/nfd/usr/bin/" -ldflags "-s -w \
+(cd "$here/nfd" && CGO_ENABLED=0 go build -trimpath -tags "osusergo,netgo${GO_TAGS:+,$GO_TAGS}" -o "$R/nfd/usr/bin/" -ldflags "-s -w \
 	-X $nfd/pkg/version.version=$nfd_ver -X $nfd/pkg/utils/hostpath.pathPrefix=/host-" \
 	$nfd/cmd/nfd-master $nfd/cmd/nfd-worker)
 flags nfd -ref "registry.k8s.io/nfd/node-feature-discovery:$nfd_ver" -entrypoint nfd-worker -env "$env_path"

@@ -41,17 +41,19 @@ mkdir -p "$out/bin"
 
 # Talos's Makefile (the same in v1.13.9 and v1.14.1): GO_BUILDTAGS tcell_minimal,grpcnotrace (talosctl: grpcnotrace), GOAMD64 v2,
 # -s -w, and for machined the wireguard socket directory (GO_MACHINED_LDFLAGS). The version
-# strings come from the machinery module's gendata, as in a release build.
+# strings come from the machinery module's gendata, as in a release build. Each build here adds
+# make's GO_TAGS (the Makefile says why): netgo and osusergo change nothing in a build without
+# cgo but one constant of package net.
 talos_stamp=$(stamp "$release_dir"/go.{mod,sum})
 if [[ "$(cat "$out/.stamp-talos" 2>/dev/null)" != "$talos_stamp" ]]; then
 	echo "talos-node: building machined and talosctl (Talos $(cd "$release_dir" && go list -m -f '{{.Version}}' github.com/siderolabs/talos))" >&2
 	t=$SECONDS
-	(cd "$release_dir" && CGO_ENABLED=0 GOAMD64=v2 go build -trimpath -tags tcell_minimal,grpcnotrace \
+	(cd "$release_dir" && CGO_ENABLED=0 GOAMD64=v2 go build -trimpath -tags "tcell_minimal,grpcnotrace${GO_TAGS:+,$GO_TAGS}" \
 		-ldflags '-s -w -X golang.zx2c4.com/wireguard/ipc.socketDirectory=/system/wireguard-sock' \
 		-o "$out/bin/machined" github.com/siderolabs/talos/internal/app/machined)
 	# talosctl with machined's GOAMD64 (not Talos's Makefile's): GOAMD64 is in every package's
 	# build-cache key, so the packages the two share are compiled once.
-	(cd "$release_dir" && CGO_ENABLED=0 GOAMD64=v2 go build -trimpath -tags grpcnotrace -ldflags '-s -w' \
+	(cd "$release_dir" && CGO_ENABLED=0 GOAMD64=v2 go build -trimpath -tags "grpcnotrace${GO_TAGS:+,$GO_TAGS}" -ldflags '-s -w' \
 		-o "$out/bin/talosctl" github.com/siderolabs/talos/cmd/talosctl)
 	echo "talos-node: machined and talosctl built in $((SECONDS - t)) s" >&2
 	echo "$talos_stamp" >"$out/.stamp-talos"
@@ -85,11 +87,11 @@ if [[ "$(cat "$out/.stamp-runtime" 2>/dev/null)" != "$runtime_stamp" ]]; then
 		t=$SECONDS
 		containerd_version=$(cd "$release_dir/runtime" && go list -m -f '{{.Version}}' github.com/containerd/containerd/v2)
 		echo "talos-node: building containerd $containerd_version and runc $(cd "$release_dir/runtime" && go list -m -f '{{.Version}}' github.com/opencontainers/runc)" >&2
-		(cd "$release_dir/runtime" && CGO_ENABLED=0 go build -trimpath -tags "no_btrfs urfave_cli_no_docs" -o "$out/bin/" \
+		(cd "$release_dir/runtime" && CGO_ENABLED=0 go build -trimpath -tags "no_btrfs,urfave_cli_no_docs${GO_TAGS:+,$GO_TAGS}" -o "$out/bin/" \
 			-ldflags "-s -w -X github.com/containerd/containerd/v2/version.Version=${containerd_version#v}" \
 			github.com/containerd/containerd/v2/cmd/containerd \
 			github.com/containerd/containerd/v2/cmd/containerd-shim-runc-v2)
-		(cd "$release_dir/runtime" && CGO_ENABLED=1 go build -trimpath -buildmode=pie -tags "seccomp urfave_cli_no_docs netgo osusergo" \
+		(cd "$release_dir/runtime" && CGO_ENABLED=1 go build -trimpath -buildmode=pie -tags "seccomp,urfave_cli_no_docs,netgo,osusergo${GO_TAGS:+,$GO_TAGS}" \
 			-o "$out/bin/runc" -ldflags "-s -w -linkmode external -extldflags -static-pie" \
 			github.com/opencontainers/runc)
 		echo "talos-node: containerd and runc built in $((SECONDS - t)) s" >&2

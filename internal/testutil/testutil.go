@@ -122,7 +122,14 @@ func ServiceBinary(t testing.TB) string {
 func DemoBinary(t testing.TB) string {
 	t.Helper()
 
-	return buildService(t, "nvidia-driver-demo", "-tags", "simulate")
+	// A -tags flag replaces the tags of GOFLAGS: make's GO_TAGS come along, so that every other
+	// package is the one the other builds compiled.
+	tags := "simulate"
+	if common := os.Getenv("GO_TAGS"); common != "" {
+		tags = common + "," + tags
+	}
+
+	return buildService(t, "nvidia-driver-demo", "-tags", tags)
 }
 
 func buildService(t testing.TB, name string, flags ...string) string {
