@@ -30,6 +30,10 @@ out=$release_out
 mem=${TALOS_NODE_MEM:-6144}
 cpus=2
 accel=${TALOS_NODE_ACCEL:-tcg,thread=single}
+# qemu 7.2's translation buffer is 1 GiB; a run of the simulated GPUs filled it three times
+# (its monitor's `info jit`: "TB flush count 3"), and each flush drops every translated block,
+# which the guest then translates again. With 2 GiB it filled once (2026-12-06).
+[[ $accel != tcg* || $accel == *tb-size=* ]] || accel+=,tb-size=2048
 name=talos-node
 cmd=$1 dir=$2
 shift 2

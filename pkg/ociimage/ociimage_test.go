@@ -2,13 +2,16 @@ package ociimage_test
 
 import (
 	"archive/tar"
+	"bytes"
 	"io"
 	"os"
 	"path/filepath"
 	"testing"
 
 	v1 "github.com/google/go-containerregistry/pkg/v1"
+	"github.com/google/go-containerregistry/pkg/v1/layout"
 	"github.com/google/go-containerregistry/pkg/v1/tarball"
+	"github.com/google/go-containerregistry/pkg/v1/types"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
@@ -82,4 +85,70 @@ func TestWriteDirImage(t *testing.T) {
 			assert.Equal(t, digest, again)
 		})
 	}
+}
+
+// The layout is what a registry gets from crane push: the same files, OCI media types, a zstd
+// layer whose diff ID is its uncompressed tar's (containerd checks it after unpacking), and
+// the manifest named by the reference.
+func TestWriteDirLayout(t *testing.T) {
+	dir := t.TempDir()
+	require.NoError(t, os.MkdirAll(filepath.Join(dir, "usr/bin"), 0o755))
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "usr/bin/tool"), []byte("#!/bin/sh\n"), 0o755))
+	run := v1.Config{Entrypoint: []string{"/usr/bin/tool"}}
+	ref := "example.com/test/tool:v1"
+
+	out := filepath.Join(t.TempDir(), "tool.oci")
+	require.NoError(t, os.MkdirAll(filepath.Join(out, "stale"), 0o755))
+	digest, err := ociimage.WriteDirLayout(dir, out, ref, "amd64", run)
+	require.NoError(t, err)
+	assert.NoDirExists(t, filepath.Join(out, "stale"), "the layout is replaced whole")
+
+	idx, err := layout.ImageIndexFromPath(out)
+	require.NoError(t, err)
+	m, err := idx.IndexManifest()
+	require.NoError(t, err)
+	require.Len(t, m.Manifests, 1)
+	assert.Equal(t, digest, m.Manifests[0].Digest)
+	assert.Equal(t, ref, m.Manifests[0].Annotations["org.opencontainers.image.ref.name"])
+	assert.Equal(t, types.OCIManifestSchema1, m.Manifests[0].MediaType)
+
+	img, err := idx.Image(digest)
+	require.NoError(t, err)
+	layers, err := img.Layers()
+	require.NoError(t, err)
+	require.Len(t, layers, 1)
+	mt, err := layers[0].MediaType()
+	require.NoError(t, err)
+	assert.Equal(t, types.OCILayerZStd, mt)
+
+	rc, err := layers[0].Compressed()
+	require.NoError(t, err)
+	head := make([]byte, 4)
+	_, err = io.ReadFull(rc, head)
+	require.NoError(t, err)
+	require.NoError(t, rc.Close())
+	assert.Equal(t, []byte{0x28, 0xb5, 0x2f, 0xfd}, head, "the blob is zstd (RFC 8878 magic number)")
+
+	urc, err := layers[0].Uncompressed()
+	require.NoError(t, err)
+	tarBytes, err := io.ReadAll(urc)
+	require.NoError(t, err)
+	require.NoError(t, urc.Close())
+	diffID, err := layers[0].DiffID()
+	require.NoError(t, err)
+	want, _, err := v1.SHA256(bytes.NewReader(tarBytes))
+	require.NoError(t, err)
+	assert.Equal(t, want, diffID)
+	cfg, err := img.ConfigFile()
+	require.NoError(t, err)
+	assert.Equal(t, []v1.Hash{want}, cfg.RootFS.DiffIDs)
+	assert.Equal(t, run.Entrypoint, cfg.Config.Entrypoint)
+
+	// The same files, the same image, in either form.
+	again, err := ociimage.WriteDirLayout(dir, out, ref, "amd64", run)
+	require.NoError(t, err)
+	assert.Equal(t, digest, again)
+
+	_, err = ociimage.WriteDirLayout(dir, filepath.Join(t.TempDir(), "bad"), "Not A Ref", "amd64", run)
+	require.Error(t, err)
 }

@@ -1,8 +1,10 @@
 // Command image packs a directory as the root filesystem of a one-layer linux/amd64 container
 // image archive that `ctr images import` reads: how the test node gets its pause and device
-// plugin images without a registry.
+// plugin images without a registry. With -layout it writes an OCI image layout with a zstd
+// layer instead, which `crane push` sends to the Talos test node's registry as it is.
 //
 //	image -rootfs DIR -ref NAME:TAG -out FILE.tar [-entrypoint /pause] [-env K=V ...]
+//	image -layout -rootfs DIR -ref NAME:TAG -out DIR [-entrypoint /pause] [-env K=V ...]
 package main
 
 import (
@@ -39,7 +41,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 
 	rootfs := fs.String("rootfs", "", "directory whose files are the image's / (required)")
 	ref := fs.String("ref", "", "image reference the archive is tagged with (required)")
-	out := fs.String("out", "", "image archive to write (required)")
+	out := fs.String("out", "", "image archive (or with -layout, directory) to write (required)")
+	asLayout := fs.Bool("layout", false, "write an OCI image layout with a zstd layer, not an image archive")
 	entrypoint := fs.String("entrypoint", "", "entrypoint, words separated by spaces")
 	var env listFlag
 	fs.Var(&env, "env", "KEY=VALUE in the image's environment (repeatable)")
@@ -64,7 +67,12 @@ func run(args []string, stdout, stderr io.Writer) int {
 
 	cfg := v1.Config{Env: env, Entrypoint: strings.Fields(*entrypoint)}
 
-	digest, err := ociimage.WriteDirImage(*rootfs, *out, *ref, runtime.GOARCH, cfg)
+	write := ociimage.WriteDirImage
+	if *asLayout {
+		write = ociimage.WriteDirLayout
+	}
+
+	digest, err := write(*rootfs, *out, *ref, runtime.GOARCH, cfg)
 	if err != nil {
 		fmt.Fprintln(stderr, "image:", err)
 
