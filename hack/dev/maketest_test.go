@@ -113,6 +113,18 @@ func index(t *testing.T, log []string, prefix string) int {
 	return -1
 }
 
+// lastIndex is the place of the last log line that starts with prefix, failing the test if none.
+func lastIndex(t *testing.T, log []string, prefix string) int {
+	t.Helper()
+	i := index(t, log, prefix)
+	for j := i; j < len(log); j++ {
+		if strings.HasPrefix(log[j], prefix) {
+			i = j
+		}
+	}
+	return i
+}
+
 func TestMakeTestPassesWhenBothLinesPass(t *testing.T) {
 	t.Parallel()
 	res := makeTest(t)
@@ -126,6 +138,8 @@ func TestMakeTestPassesWhenBothLinesPass(t *testing.T) {
 	require.Less(t, index(t, res.log, "k8s-node/build.sh _out/k8s-node runtime"), index(t, res.log, "make --no-print-directory talos-node-build"))
 	require.Less(t, index(t, res.log, "talos-node/build.sh parts=programs"), index(t, res.log, "make --no-print-directory talos-node-build"))
 	require.Less(t, index(t, res.log, "simgpu/build.sh"), index(t, res.log, "test-simgpu.sh"))
+	// The Talos node's checks start once every module's tests are done (they leave no CPU idle).
+	require.Less(t, lastIndex(t, res.log, "gotest "), index(t, res.log, "talos-node/test.sh"))
 	// The simulated GPUs' guest runs once the foreground is done.
 	require.Less(t, index(t, res.log, "make --no-print-directory test-k8s-sim-operator"), index(t, res.log, "test-simgpu.sh"))
 	index(t, res.log, "talos-node/test.sh _out/extensions/dev _out/talos-node/v1.14.1/run kubernetes=0")
