@@ -112,8 +112,8 @@ doc() { # doc FILE VAR=VALUE...: an ExtensionServiceConfig for the service with 
 # is made again: talosctl service ext-nvidia-driver restart (docs/talos-node.md).
 restart() { t service "$svc" restart >/dev/null; }
 
-# kubernetes_up: machined's boot done, the API server answering, the bridge CNI applied (on
-# v1.13.9; a static pod on v1.14.1) and the node Ready (boot_start: when the guest started).
+# kubernetes_up: machined's boot done, the API server answering, the bridge CNI applied and the
+# node Ready (boot_start: when the guest started).
 kubernetes_up() {
 	# MachineStatus's stage turns running when the boot sequence stops without an error
 	# (internal/app/machined/pkg/controllers/runtime/machine_status.go). machined's own
@@ -134,10 +134,7 @@ kubernetes_up() {
 		"$dir/kubeconfig.talos" >"$dir/kubeconfig"
 	api_ready() { k get --raw /readyz >/dev/null 2>&1; }
 	until_ok "$k8s_wait_s" api_ready || fail "the API server never answered /readyz"
-	# The pod network: v1.14.1's Kubernetes patch has it as a static pod (v1.14.1/k8s.patch.yaml).
-	if [ "$TALOS_NODE_VERSION" = v1.13.9 ]; then
-		k apply -f "$here/cni.yaml" >/dev/null || fail "kubectl apply -f cni.yaml failed"
-	fi
+	k apply -f "$here/cni.yaml" >/dev/null || fail "kubectl apply -f cni.yaml failed"
 	node=talos-node # node.sh names it so
 	node_ready() { k get node "$node" -o jsonpath='{.status.conditions[?(@.type=="Ready")].status}' 2>/dev/null | grep -qx True; }
 	# Under emulation the kubelet asks for its client certificate minutes before Talos binds
