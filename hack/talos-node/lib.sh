@@ -6,6 +6,7 @@
 out=$release_out
 mkdir -p "$dir/outputs"
 svc=ext-nvidia-driver
+node=talos-node # the Kubernetes node: node.sh names it so
 # Under qemu's TCG a step of machined takes seconds; these bound each wait. Kubernetes's
 # (the API server, the node's registration) take longer: on the loaded build machine the API
 # server answered /readyz more than 600 s after machined's boot was done.
@@ -112,9 +113,16 @@ doc() { # doc FILE VAR=VALUE...: an ExtensionServiceConfig for the service with 
 # is made again: talosctl service ext-nvidia-driver restart (docs/talos-node.md).
 restart() { t service "$svc" restart >/dev/null; }
 
-# kubernetes_up: machined's boot done, the API server answering, the bridge CNI applied and the
-# node Ready (boot_start: when the guest started).
+# kubernetes_up: api_up, the bridge CNI applied (cni.yaml) and node_up.
 kubernetes_up() {
+	api_up
+	k apply -f "$here/cni.yaml" >/dev/null || fail "kubectl apply -f cni.yaml failed"
+	node_up
+}
+
+# api_up: machined's boot done and the API server answering (boot_start: when the guest
+# started); $dir/kubeconfig reaches it.
+api_up() {
 	# MachineStatus's stage turns running when the boot sequence stops without an error
 	# (internal/app/machined/pkg/controllers/runtime/machine_status.go). machined's own
 	# 'boot sequence: done' line is no proof either way: its log is a 1 MiB ring
@@ -133,9 +141,15 @@ kubernetes_up() {
 	sed "s#server: https://10.0.2.15:6443#server: https://127.0.0.1:$(cat "$dir/kube.port")#" \
 		"$dir/kubeconfig.talos" >"$dir/kubeconfig"
 	api_ready() { k get --raw /readyz >/dev/null 2>&1; }
-	until_ok "$k8s_wait_s" api_ready || fail "the API server never answered /readyz"
-	k apply -f "$here/cni.yaml" >/dev/null || fail "kubectl apply -f cni.yaml failed"
-	node=talos-node # node.sh names it so
+	if until_ok "$k8s_wait_s" api_ready; then
+		echo "the API server answered /readyz $((SECONDS - boot_start)) s after the guest started"
+	else
+		fail "the API server never answered /readyz"
+	fi
+}
+
+# node_up: the node Ready, the kubelet's client certificate request approved where it waits.
+node_up() {
 	node_ready() { k get node "$node" -o jsonpath='{.status.conditions[?(@.type=="Ready")].status}' 2>/dev/null | grep -qx True; }
 	# Under emulation the kubelet asks for its client certificate minutes before Talos binds
 	# the bootstrap group to automatic approval (the ClusterRoleBinding

@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
-# The two extensions of the simulated GPU node on Talos (hack/talos-node/test-simgpu.sh):
+# The three extensions of the simulated GPU node on Talos (hack/talos-node/test-simgpu.sh):
 #   _out/extensions/nvidia-driver-dev-sim   the product's service and extension files, its
 #       subroot carrying the simulated libnvidia-ml (hack/sim-node/simnvml/build.sh); never a
 #       release image
 #   _out/extensions/simnvml-driver          test only: the simulated kernel driver as an
 #       extension service (simnvml-driver.yaml, driver.sh) and the /proc/driver hook that CRI's
 #       base runtime spec names (node.patch.yaml)
-# Both are extension image directories as make extension writes them (their rootfs/ goes to the
+#   _out/extensions/bridge-cni              test only: the node's pod network, written at boot
+#       (bridge-cni.yaml)
+# Each is an extension image directory as make extension writes them (their rootfs/ goes to the
 # node's /, hack/talos-node/node.sh).
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
@@ -31,4 +33,10 @@ install -m 0755 "${BUSYBOX:-/bin/busybox}" "$c/bin/busybox"
 for a in sh mount awk mkdir cat head sleep; do ln -s busybox "$c/bin/$a"; done
 install -m 0755 "$here/driver.sh" "$c/driver.sh"
 install -m 0644 "$here/simnvml-driver.yaml" _out/extensions/simnvml-driver/rootfs/usr/local/etc/containers/simnvml-driver.yaml
-echo "simgpu: _out/extensions/nvidia-driver-dev-sim, _out/extensions/simnvml-driver" >&2
+n=_out/extensions/bridge-cni/rootfs/usr/local/lib/containers/bridge-cni
+rm -rf _out/extensions/bridge-cni
+mkdir -p "$n/bin" "$n/net.d" _out/extensions/bridge-cni/rootfs/usr/local/etc/containers
+install -m 0755 "${BUSYBOX:-/bin/busybox}" "$n/bin/busybox"
+for a in sh cat mv; do ln -s busybox "$n/bin/$a"; done
+install -m 0644 "$here/bridge-cni.yaml" _out/extensions/bridge-cni/rootfs/usr/local/etc/containers/bridge-cni.yaml
+echo "simgpu: _out/extensions/nvidia-driver-dev-sim, _out/extensions/simnvml-driver, _out/extensions/bridge-cni" >&2
