@@ -32,10 +32,7 @@ dir=${1:-$here/../../_out/talos-node/${TALOS_NODE_VERSION:-v1.14.1}/simgpu}
 # shellcheck source=hack/talos-node/lib.sh
 . "$here/lib.sh"
 cd "$top"
-# TALOS_SIMGPU_EXTENSIONS: where hack/talos-node/simgpu/build.sh's extensions are (default
-# _out/extensions; make test boots copies of its own while the simulated GPU node rebuilds those).
-ext_dir=${TALOS_SIMGPU_EXTENSIONS:-_out/extensions}
-exts="$ext_dir/nvidia-driver-dev-sim $ext_dir/simnvml-driver $ext_dir/bridge-cni"
+exts="_out/extensions/nvidia-driver-dev-sim _out/extensions/simnvml-driver _out/extensions/bridge-cni"
 img=talos-nvidia/k8s-node-base:test # hack/k8s-node/images.sh, served by registry.sh
 features_d=/etc/kubernetes/node-feature-discovery/features.d # the service's, node.patch.yaml
 ns=nvidia-gpu
