@@ -6,6 +6,7 @@
 out=$release_out
 mkdir -p "$dir/outputs"
 svc=ext-nvidia-driver
+report=${report:-talos-node} # the last line's name: "$report: PASS" or FAIL
 node=talos-node # the Kubernetes node: node.sh names it so
 # Under qemu's TCG a step of machined takes seconds; these bound each wait. Kubernetes's
 # (the API server, the node's registration) take longer: on the loaded build machine the API
@@ -35,11 +36,29 @@ capture() {
 state() { t service "$svc" 2>/dev/null | awk '$1 == "STATE" { print $2 }'; }
 logs() { t logs "$svc" 2>/dev/null; }
 count() { logs | grep -c -- "$1"; }
-# until SECONDS CMD...: CMD until it succeeds or SECONDS pass.
+# guest_gone: qemu has exited (node.sh's line in DIR/qemu.log). guest_lost ends the checks
+# with why: qemu's exit status and the guest console's panic or end. Every later check would
+# only wait out its time against a node that is not there.
+guest_gone() { grep -q '^node.sh: qemu exited' "$dir/qemu.log" 2>/dev/null; }
+guest_lost() {
+	echo "FAIL: the guest is gone ($((SECONDS - boot_start)) s after it started): $(grep '^node.sh: qemu exited' "$dir/qemu.log")"
+	grep -v '^node.sh: qemu exited' "$dir/qemu.log" | tail -20 | sed 's/^/    qemu: /'
+	if grep -qE 'Kernel panic|Oops|BUG:|Call Trace' "$dir/console.log"; then
+		echo "    the guest's console from its kernel's first report:"
+		sed -n '/Kernel panic\|Oops\|BUG:\|Call Trace/,$p' "$dir/console.log" | head -60 | sed 's/^/    /'
+	else
+		echo "    the guest's console's end:"
+		tail -30 "$dir/console.log" | sed 's/^/    /'
+	fi
+	echo "$report: FAIL"
+	exit 1
+}
+# until SECONDS CMD...: CMD until it succeeds or SECONDS pass (or the guest is gone).
 until_ok() {
 	local limit=$1 start=$SECONDS
 	shift
 	until "$@"; do
+		guest_gone && guest_lost
 		((SECONDS - start < limit)) || return 1
 		sleep 5
 	done
@@ -64,6 +83,7 @@ until_booted() {
 	local limit=$1 start=$SECONDS held= restarted=0
 	shift
 	until "$@"; do
+		guest_gone && guest_lost
 		((SECONDS - start < limit)) || return 1
 		if [ "$restarted" = 0 ] && cri_volumes_held; then
 			held=${held:-$SECONDS}

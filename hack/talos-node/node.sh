@@ -58,6 +58,7 @@ wait_apid() {
 		if ! kill -0 "$(cat "$dir/qemu.pid")" 2>/dev/null; then
 			echo "node.sh: the guest stopped before apid answered; its console:" >&2
 			tail -50 "$dir/console.log" >&2
+			cat "$dir/qemu.log" >&2
 			return 1
 		fi
 		if ((SECONDS - start > timeout)); then
@@ -155,12 +156,28 @@ fi
 { cpio_of "$out/guest/base"; cat "$out/guest/rootfs.cpio"; cpio_of "$stage"; } >"$dir/initramfs.cpio"
 
 : >"$dir/console.log"
-qemu-system-x86_64 -accel "$accel" -cpu max -smp "$cpus" -m "$mem" \
+# qemu in the background of its own session rather than -daemonize, which sends its stderr to
+# /dev/null: its messages and its exit status go to DIR/qemu.log, so a guest that is gone says
+# why, there (a signal: 128+N) or on its console (the guest's kernel panicked: panic=-1 and
+# -no-reboot end qemu).
+rm -f "$dir/qemu.pid"
+setsid bash -c '"$@"; echo "node.sh: qemu exited with status $?"' qemu \
+	qemu-system-x86_64 -accel "$accel" -cpu max -smp "$cpus" -m "$mem" \
 	-kernel "$out/guest/vmlinuz" -initrd "$dir/initramfs.cpio" \
 	-append "console=ttyS0 rdinit=/init panic=-1 quiet maxcpus=1" \
 	-netdev "user,id=n0,$forwards" -device virtio-net-pci,netdev=n0 \
 	-display none -serial "file:$dir/console.log" -no-reboot \
-	-daemonize -pidfile "$dir/qemu.pid"
+	-pidfile "$dir/qemu.pid" </dev/null >"$dir/qemu.log" 2>&1 &
+for _ in $(seq 100); do
+	[ -s "$dir/qemu.pid" ] && kill -0 "$(cat "$dir/qemu.pid")" 2>/dev/null && break
+	grep -q "qemu exited" "$dir/qemu.log" && break
+	sleep 0.1
+done
+if ! { [ -s "$dir/qemu.pid" ] && kill -0 "$(cat "$dir/qemu.pid")" 2>/dev/null; }; then
+	echo "node.sh: qemu did not start:" >&2
+	cat "$dir/qemu.log" >&2
+	exit 1
+fi
 echo "node.sh: guest started (qemu $(cat "$dir/qemu.pid"), apid at 127.0.0.1:$port, console $dir/console.log)" >&2
 
 wait_apid

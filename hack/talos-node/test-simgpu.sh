@@ -28,6 +28,7 @@
 set -uo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
+report=talos-simgpu
 dir=${1:-$here/../../_out/talos-node/${TALOS_NODE_VERSION:-v1.14.1}/simgpu}
 # shellcheck source=hack/talos-node/lib.sh
 . "$here/lib.sh"
