@@ -161,11 +161,16 @@ fi
 # why, there (a signal: 128+N) or on its console (the guest's kernel panicked: panic=-1 and
 # -no-reboot end qemu).
 rm -f "$dir/qemu.pid"
-setsid bash -c '"$@"; echo "node.sh: qemu exited with status $?"' qemu \
-	qemu-system-x86_64 -accel "$accel" -cpu max -smp "$cpus" -m "$mem" \
+# build.sh's qemu, with the firmware and modules of its own packages (-L, QEMU_MODULE_DIR; the
+# guest boots with -kernel, so the network card needs no option ROM).
+qemu=$out/bin/qemu-system-x86_64
+share=$(dirname "$(readlink -f "$qemu")")/../share
+QEMU_MODULE_DIR=$share/../lib/x86_64-linux-gnu/qemu \
+	setsid bash -c '"$@"; echo "node.sh: qemu exited with status $?"' qemu \
+	"$qemu" -L "$share/seabios" -L "$share/qemu" -accel "$accel" -cpu max -smp "$cpus" -m "$mem" \
 	-kernel "$out/guest/vmlinuz" -initrd "$dir/initramfs.cpio" \
 	-append "console=ttyS0 rdinit=/init panic=-1 quiet maxcpus=1" \
-	-netdev "user,id=n0,$forwards" -device virtio-net-pci,netdev=n0 \
+	-netdev "user,id=n0,$forwards" -device virtio-net-pci,netdev=n0,romfile= \
 	-display none -serial "file:$dir/console.log" -no-reboot \
 	-pidfile "$dir/qemu.pid" </dev/null >"$dir/qemu.log" 2>&1 &
 for _ in $(seq 100); do
