@@ -199,7 +199,8 @@ unpack_debs() {
 	[ -n "$mirror" ] || { echo "talos-node: no Debian mirror in the machine's apt sources" >&2; exit 1; }
 	echo "deb [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] $mirror $suite main" >"$a/sources.list"
 	local apt_opts=(-o "Dir::Etc::SourceList=$a/sources.list" -o Dir::Etc::SourceParts=/nonexistent
-		-o "Dir::State::Lists=$a/lists" -o "Dir::Cache=$a/cache" -o Dir::State::status=/dev/null)
+		-o "Dir::State::Lists=$a/lists" -o "Dir::Cache=$a/cache" -o Dir::State::status=/dev/null
+		-o APT::Sandbox::User=root)
 	apt-get -qq "${apt_opts[@]}" update
 	(cd "$a/deb" && apt-get -qq "${apt_opts[@]}" download "$@")
 	rm -rf "$d.tmp"
@@ -260,10 +261,11 @@ if [[ "$(cat "$out/.stamp-guest" 2>/dev/null)" != "$guest_stamp" ]]; then
 	echo "$guest_stamp" >"$out/.stamp-guest"
 fi
 
-# qemu, for the guest's TCG (docs/talos-node.md): bookworm-backports' (10.0) on a Debian 12
-# machine, whose own is 7.2, unpacked as the guest's kernel is; the machine's own elsewhere.
-# On the build machine 10.0 ran the simulated GPUs' checks in 550 s where 7.2 took 700 s, back
-# to back (docs/talos-node.md, "qemu 10"). bin/qemu-system-x86_64 is the one node.sh runs.
+# qemu, for the guest's TCG: bookworm-backports' (10.0) on a Debian 12 machine, unpacked as the
+# guest's kernel is; the machine's own elsewhere. Debian 12's own, 7.2, has the multi-threaded
+# TCG bug that oopses a guest kernel on a static key's int3 (fixed in qemu 8.1.0, "accel/tcg:
+# Always lock pages before translation"; docs/talos-node.md, "qemu 10").
+# bin/qemu-system-x86_64 is the one node.sh runs.
 if apt-get indextargets --format '$(RELEASE)' 2>/dev/null | grep -qx bookworm; then
 	qroot=$here/../../.cache/talos-node/qemu-bookworm-backports
 	unpack_debs "$qroot" bookworm-backports qemu-system-x86 qemu-system-common qemu-system-data seabios

@@ -161,12 +161,12 @@ fi
 # why, there (a signal: 128+N) or on its console (the guest's kernel panicked: panic=-1 and
 # -no-reboot end qemu).
 rm -f "$dir/qemu.pid"
-# build.sh's qemu, with the firmware and modules of its own packages (-L, QEMU_MODULE_DIR; the
-# guest boots with -kernel, so the network card needs no option ROM).
+# build.sh's qemu, with the firmware of its own packages (-L; the guest boots with -kernel, so
+# the network card needs no option ROM). bookworm-backports' qemu also tries the machine's 7.2
+# display and audio modules, and says it cannot load them (qemu.log); it needs none.
 qemu=$out/bin/qemu-system-x86_64
 share=$(dirname "$(readlink -f "$qemu")")/../share
-QEMU_MODULE_DIR=$share/../lib/x86_64-linux-gnu/qemu \
-	setsid bash -c '"$@"; echo "node.sh: qemu exited with status $?"' qemu \
+setsid bash -c '"$@"; echo "node.sh: qemu exited with status $?"' qemu \
 	"$qemu" -L "$share/seabios" -L "$share/qemu" -accel "$accel" -cpu max -smp "$cpus" -m "$mem" \
 	-kernel "$out/guest/vmlinuz" -initrd "$dir/initramfs.cpio" \
 	-append "console=ttyS0 rdinit=/init panic=-1 quiet maxcpus=1" \
