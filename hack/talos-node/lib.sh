@@ -53,6 +53,25 @@ guest_lost() {
 	echo "$report: FAIL"
 	exit 1
 }
+# k8s_lost WHAT: a step of Kubernetes that every later check needs (machined's boot, the API
+# server's /readyz, the node Ready) did not come. FAIL with what the node shows, and the checks
+# end here: each later wait would only run out its time against it (25 minutes each; on
+# 2026-12-07 an emulated API server that never got ready, docs/talos-node.md "Over the cliff
+# alone", would have held the checks past CI's limit).
+k8s_lost() {
+	local readyz failing
+	echo "FAIL: $* ($((SECONDS - boot_start)) s after the guest started)"
+	if [ -s "$dir/kubeconfig" ]; then
+		readyz=$(k get --raw '/readyz?verbose' --request-timeout=60s 2>&1)
+		failing=$(grep -o '\[-\][^\\]*' <<<"$readyz" | tr '\n' ' ')
+		echo "    the API server's /readyz?verbose: ${failing:-$(head -1 <<<"$readyz" | cut -c1-300)}"
+	fi
+	echo "    the guest's load average: $(timeout 60 "$out/bin/talosctl" --talosconfig "$dir/talosconfig" read /proc/loadavg 2>&1 | head -1)"
+	echo "    the kubelet's last log lines:"
+	timeout 60 "$out/bin/talosctl" --talosconfig "$dir/talosconfig" logs kubelet 2>&1 | tail -3 | cut -c1-400 | sed 's/^/    /'
+	echo "$report: FAIL"
+	exit 1
+}
 # until SECONDS CMD...: CMD until it succeeds or SECONDS pass (or the guest is gone).
 until_ok() {
 	local limit=$1 start=$SECONDS
@@ -153,7 +172,7 @@ api_up() {
 		echo "machined's boot sequence done (MachineStatus stage running) $((SECONDS - boot_start)) s after the guest started"
 		t logs machined 2>/dev/null | grep 'boot sequence: done' | sed 's/^/    /'
 	else
-		fail "machined's boot sequence did not finish: MachineStatus $(t get machinestatus -o yaml 2>&1 | grep -E 'stage:|ready:' | tr -s ' \n' ' ')"
+		k8s_lost "machined's boot sequence did not finish: MachineStatus $(t get machinestatus -o yaml 2>&1 | grep -E 'stage:|ready:' | tr -s ' \n' ' ')"
 	fi
 	t kubeconfig --force "$dir/kubeconfig.talos" >/dev/null 2>&1 || fail "talosctl kubeconfig failed"
 	# talosctl's kubeconfig names the cluster endpoint (10.0.2.15, inside the guest); kubectl
@@ -164,7 +183,7 @@ api_up() {
 	if until_ok "$k8s_wait_s" api_ready; then
 		echo "the API server answered /readyz $((SECONDS - boot_start)) s after the guest started"
 	else
-		fail "the API server never answered /readyz"
+		k8s_lost "the API server never answered /readyz"
 	fi
 }
 
@@ -188,7 +207,7 @@ node_up() {
 	if until_ok "$k8s_wait_s" node_ready_or_approve; then
 		echo "node $node Ready $((SECONDS - boot_start)) s after the guest started"
 	else
-		fail "node $node is not Ready"
+		k8s_lost "node $node is not Ready"
 	fi
 }
 
