@@ -8,9 +8,11 @@
 #               about half the CPU idle, where the modules' tests leave none), the Talos
 #               node's document and reboot checks (test-talos-node, one guest CPU);
 #               then, once the foreground is done, simulated GPUs on the Talos node's kubelet
-#               (test-talos-simgpu's core checks). Their guest takes both cores, and beside the
-#               foreground they took 1195 s against 804 s alone (warm, the same machine,
-#               2026-12-05): its emulated control plane fell behind its own timeouts.
+#               (test-talos-simgpu's core checks; the node a worker of a control plane on this
+#               machine, controlplane.sh). Their guest takes both cores; beside the foreground,
+#               with the control plane on the node, they took 1195 s against 804 s alone (warm,
+#               the same machine, 2026-12-05): its emulated control plane fell behind its own
+#               timeouts.
 #   foreground  build, lint and the extension; the node runtime (the tests' runc is its); every
 #               module's tests; the Kubernetes node, the simulated GPU node and the GPU
 #               Operator's setup 1 on it; last, the simulated GPU extensions for the Talos node.

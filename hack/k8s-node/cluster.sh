@@ -229,18 +229,6 @@ start_control_plane() {
 		--listen-peer-urls http://127.0.0.1:2380 --initial-advertise-peer-urls http://127.0.0.1:2380 \
 		--initial-cluster node=http://127.0.0.1:2380 --listen-metrics-urls http://127.0.0.1:2381
 
-	# Pod Security as Talos's generated config has it (pkg/machinery/config/generate/init.go).
-	cat >"$W/admission.yaml" <<EOF
-apiVersion: apiserver.config.k8s.io/v1
-kind: AdmissionConfiguration
-plugins:
-- name: PodSecurity
-  configuration:
-    apiVersion: pod-security.admission.config.k8s.io/v1alpha1
-    kind: PodSecurityConfiguration
-    defaults: {enforce: baseline, enforce-version: latest, audit: restricted, audit-version: latest, warn: restricted, warn-version: latest}
-    exemptions: {usernames: [], runtimeClasses: [], namespaces: [kube-system]}
-EOF
 	start kube-apiserver kube-apiserver --etcd-servers=http://127.0.0.1:2379 \
 		--bind-address=0.0.0.0 --secure-port=443 --advertise-address=$node_ip \
 		--tls-cert-file="$W/pki/apiserver.crt" --tls-private-key-file="$W/pki/apiserver.key" \
@@ -252,7 +240,7 @@ EOF
 		--service-account-key-file="$W/pki/sa.pub" --service-account-signing-key-file="$W/pki/sa.key" \
 		--service-cluster-ip-range=10.96.0.0/12 --authorization-mode=Node,RBAC \
 		--enable-admission-plugins=NodeRestriction --allow-privileged=true \
-		--admission-control-config-file="$W/admission.yaml" --profiling=false
+		--admission-control-config-file="$here/admission.yaml" --profiling=false
 	wait_for 120 "the API server's /readyz" kubectl get --raw /readyz || return 1
 	log "API server ready"
 	# The controller manager gives up if the API server is not ready when it starts.

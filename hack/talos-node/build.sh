@@ -4,6 +4,8 @@
 # _out/talos-node/<version>):
 #   bin/machined, bin/talosctl   Talos's main module at that release (hack/talos-node/<version>/go.mod),
 #                                with the tags and linker flags of that release's Makefile
+#   bin/controlplane             v1.14.1: hack/talos-node/v1.14.1/controlplane, for
+#                                hack/talos-node/controlplane.sh
 #   rootfs/                      the node's root filesystem, laid out as that release's Dockerfile
 #                                (rootfs-base, then the container-mode rootfs-base stage) lays it
 #                                out: machined at /usr/bin/init, containerd and its shim, runc
@@ -58,6 +60,12 @@ if [[ "$(cat "$out/.stamp-talos" 2>/dev/null)" != "$talos_stamp" ]]; then
 		-o "$out/bin/talosctl" github.com/siderolabs/talos/cmd/talosctl)
 	echo "talos-node: machined and talosctl built in $((SECONDS - t)) s" >&2
 	echo "$talos_stamp" >"$out/.stamp-talos"
+fi
+# v1.14.1: what a control plane on this machine needs to take the node as a worker
+# (hack/talos-node/controlplane.sh), with machined's packages, which it shares.
+if [ -d "$release_dir/controlplane" ]; then
+	(cd "$release_dir" && CGO_ENABLED=0 GOAMD64=v2 go build -trimpath -tags "grpcnotrace${GO_TAGS:+,$GO_TAGS}" -ldflags '-s -w' \
+		-o "$out/bin/controlplane" ./controlplane)
 fi
 # TALOS_NODE_PARTS=programs: machined and talosctl alone (make test builds them in the
 # background from its start, before the runtime below exists).

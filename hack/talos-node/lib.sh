@@ -130,7 +130,7 @@ last_run() { logs | awk '/msg=starting version=/ { run = "" } { run = run $0 "\n
 # machine config without one.
 apply() {
 	{
-		cat "$dir/config/controlplane.yaml"
+		cat "$dir/config/machine.yaml"
 		[ -z "$1" ] || { echo ---; cat "$1"; }
 	} >"$dir/applied.yaml"
 	t apply-config --mode=no-reboot --file "$dir/applied.yaml" >/dev/null
@@ -174,11 +174,14 @@ api_up() {
 	else
 		k8s_lost "machined's boot sequence did not finish: MachineStatus $(t get machinestatus -o yaml 2>&1 | grep -E 'stage:|ready:' | tr -s ' \n' ' ')"
 	fi
-	t kubeconfig --force "$dir/kubeconfig.talos" >/dev/null 2>&1 || fail "talosctl kubeconfig failed"
-	# talosctl's kubeconfig names the cluster endpoint (10.0.2.15, inside the guest); kubectl
-	# reaches the same API server through the guest's forward of 6443 (in its certificate, k8s.patch.yaml).
-	sed "s#server: https://10.0.2.15:6443#server: https://127.0.0.1:$(cat "$dir/kube.port")#" \
-		"$dir/kubeconfig.talos" >"$dir/kubeconfig"
+	# A worker's control plane on this machine (controlplane.sh) wrote $dir/kubeconfig.
+	if [ ! -s "$dir/controlplane/kube.port" ]; then
+		t kubeconfig --force "$dir/kubeconfig.talos" >/dev/null 2>&1 || fail "talosctl kubeconfig failed"
+		# talosctl's kubeconfig names the cluster endpoint (10.0.2.15, inside the guest); kubectl
+		# reaches the same API server through the guest's forward of 6443 (in its certificate, k8s.patch.yaml).
+		sed "s#server: https://10.0.2.15:6443#server: https://127.0.0.1:$(cat "$dir/kube.port")#" \
+			"$dir/kubeconfig.talos" >"$dir/kubeconfig"
+	fi
 	api_ready() { k get --raw /readyz >/dev/null 2>&1; }
 	if until_ok "$k8s_wait_s" api_ready; then
 		echo "the API server answered /readyz $((SECONDS - boot_start)) s after the guest started"

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Boots one Talos node at the release TALOS_NODE_VERSION names (default v1.14.1, or v1.13.9;
-# release.sh) (control plane, allowSchedulingOnControlPlanes) in container mode
+# release.sh) (control plane, allowSchedulingOnControlPlanes; or, with TALOS_NODE_CONTROL_PLANE,
+# a worker of hack/talos-node/controlplane.sh's control plane) in container mode
 # inside a virtual machine, with the given extensions' files in its root filesystem, and waits
 # until its API answers talosctl. Everything after that goes through talosctl.
 #   node.sh start DIR [EXTENSION_DIR...]   DIR: the node's state (talosconfig, console.log, qemu pid)
@@ -16,7 +17,9 @@
 # is pulled from it, through a RegistryMirrorConfig "*"; the API server's 6443 is then
 # forwarded too, to DIR/kube.port), TALOS_NODE_ACCEL (qemu -accel, default tcg,thread=single;
 # this machine's /dev/kvm is PVM, which boots only PVM-enabled guest kernels;
-# docs/talos-node.md), TALOS_NODE_BOOT_TIMEOUT (s, default 900).
+# docs/talos-node.md), TALOS_NODE_BOOT_TIMEOUT (s, default 900), TALOS_NODE_CONTROL_PLANE (the
+# state directory of a running controlplane.sh: the node is its worker, from its secrets, with
+# k8s_worker_patch instead of k8s_patch; the kubelet's 10250 is forwarded from 127.0.0.1:10250).
 # One TCG thread is enough for the checks without Kubernetes; Kubernetes needs both vCPUs at
 # once (tcg,thread=multi: the Makefile's targets with Kubernetes set it). The guest boots with
 # one CPU online (maxcpus=1) and its init brings the other up once it has made a cgroup that
@@ -110,7 +113,18 @@ echo "$port" >"$dir/apid.port"
 cport=$(free_port)
 echo "$cport" >"$dir/control.port"
 forwards="hostfwd=tcp:127.0.0.1:$port-:50000,hostfwd=tcp:127.0.0.1:$cport-:50900"
-if [ -n "${TALOS_NODE_REGISTRY_PORT:-}" ]; then
+# A worker of hack/talos-node/controlplane.sh's control plane (TALOS_NODE_CONTROL_PLANE=DIR, its
+# state directory): the API server on this machine reaches the node's kubelet at 127.0.0.1,
+# the address its mount namespace gives the node's hostname, on the kubelet's own port.
+cp_dir=${TALOS_NODE_CONTROL_PLANE:-}
+if [ -n "$cp_dir" ]; then
+	[ -s "$cp_dir/controlplane/kube.port" ] || { echo "node.sh: no control plane runs in $cp_dir (controlplane.sh start)" >&2; exit 1; }
+	if (exec 3<>/dev/tcp/127.0.0.1/10250) 2>/dev/null; then
+		echo "node.sh: 127.0.0.1:10250 (the kubelet's port, forwarded to the worker's) is taken" >&2
+		exit 1
+	fi
+	forwards+=",hostfwd=tcp:127.0.0.1:10250-:10250"
+elif [ -n "${TALOS_NODE_REGISTRY_PORT:-}" ]; then
 	kport=$(free_port)
 	echo "$kport" >"$dir/kube.port"
 	forwards+=",hostfwd=tcp:127.0.0.1:$kport-:6443"
@@ -127,10 +141,20 @@ if [ -n "${TALOS_NODE_REGISTRY_PORT:-}" ]; then
 	# gets them (machinery config/types/cri/registry_mirror.go: name "*" applies to all).
 	printf 'apiVersion: v1alpha1\nkind: RegistryMirrorConfig\nname: "*"\nendpoints:\n  - url: http://10.0.2.2:%s\nskipFallback: true\n' \
 		"$TALOS_NODE_REGISTRY_PORT" >"$dir/mirror.patch.yaml"
-	patches+=(--config-patch "@$k8s_patch" --config-patch "@$dir/mirror.patch.yaml")
+	patches+=(--config-patch "@$dir/mirror.patch.yaml")
 fi
-"$talosctl" gen config "$name" https://10.0.2.15:6443 --output "$dir/config" \
+# The control plane's endpoint and, for a worker, the secrets of the control plane it joins.
+endpoint=https://10.0.2.15:6443 type=controlplane secrets=()
+if [ -n "$cp_dir" ]; then
+	endpoint=https://10.0.2.2:$(cat "$cp_dir/controlplane/kube.port") type=worker
+	secrets=(--with-secrets "$cp_dir/controlplane/secrets.yaml")
+	patches+=(--config-patch "@$k8s_worker_patch")
+elif [ -n "${TALOS_NODE_REGISTRY_PORT:-}" ]; then
+	patches+=(--config-patch "@$k8s_patch")
+fi
+"$talosctl" gen config "$name" "$endpoint" --output "$dir/config" "${secrets[@]}" \
 	--with-docs=false --with-examples=false "${patches[@]}" >/dev/null
+cp "$dir/config/$type.yaml" "$dir/config/machine.yaml" # the node's own, for the checks
 "$talosctl" --talosconfig "$dir/config/talosconfig" config endpoint "127.0.0.1:$port"
 "$talosctl" --talosconfig "$dir/config/talosconfig" config node 10.0.2.15
 cp "$dir/config/talosconfig" "$dir/talosconfig"
@@ -145,7 +169,7 @@ for e in "$@"; do
 done
 echo "$name" >"$stage/talos/hostname"
 echo "$talos_volumes" >"$stage/talos/volumes"
-"$here/spec.sh" "$name" "$dir/config/controlplane.yaml" "$cpus" "$mem" "$talos_volumes" >"$stage/talos/config.json"
+"$here/spec.sh" "$name" "$dir/config/machine.yaml" "$cpus" "$mem" "$talos_volumes" >"$stage/talos/config.json"
 cpio_of() { (cd "$1" && find . | LC_ALL=C sort | cpio --quiet -o -H newc); }
 if [ ! -f "$out/guest/rootfs.cpio" ] || [ "$out/.stamp-rootfs" -nt "$out/guest/rootfs.cpio" ]; then
 	mkdir -p "$out/guest/rootfs-stage/talos"
