@@ -58,15 +58,21 @@ cleanup() {
 trap cleanup EXIT
 "$here/registry.sh" start "$dir" || { echo "FAIL: the image registry did not start"; exit 1; }
 rm -rf "$dir/controlplane" "$dir/kubeconfig"
+patches="$worker_patch $here/simgpu/node.patch.yaml"
 if [ "$control_plane" = host ]; then
 	say "the control plane on this machine (controlplane.sh), the node its worker"
 	"$here/controlplane.sh" start "$dir" || { echo "FAIL: the control plane did not start"; exit 1; }
+	# The pods' way to the API server (simgpu/api-relay.yaml), from its document.
+	exts+=" _out/extensions/api-relay"
+	printf 'apiVersion: v1alpha1\nkind: ExtensionServiceConfig\nname: api-relay\nenvironment:\n  - KUBERNETES_API=10.0.2.2:%s\n' \
+		"$(cat "$dir/controlplane/kube.port")" >"$dir/api-relay.patch.yaml"
+	patches+=" $dir/api-relay.patch.yaml"
 fi
 
-say "boot: the node with the extensions nvidia-driver-dev-sim, simnvml-driver and bridge-cni, the docs' worker patch and simgpu/node.patch.yaml"
+say "boot: the node with the extensions $(for e in $exts; do basename "$e"; done | paste -sd ' '), the docs' worker patch and simgpu/node.patch.yaml"
 boot_start=$SECONDS
 if ! TALOS_NODE_REGISTRY_PORT=$(cat "$dir/registry.port") \
-	TALOS_NODE_PATCHES="$worker_patch $here/simgpu/node.patch.yaml" \
+	TALOS_NODE_PATCHES="$patches" \
 	TALOS_NODE_CONTROL_PLANE=$([ "$control_plane" = host ] && echo "$dir") \
 	"$here/node.sh" start "$dir" $exts; then
 	echo "FAIL: the node did not come up"
@@ -341,18 +347,17 @@ echo "the service's feature file: $(feature_labels | tr '\n' ' ')"
 grep -qx mig.config=all-disabled <<<"$(feature_labels)" || fail "the feature file has no mig.config=all-disabled (the applied layout): '$(feature_labels | tr '\n' ' ')'"
 nfd_deploy
 # Two changes for this node, as the node is and not as NFD is: the API server at the node's own
-# address (or, a worker, this machine's as the guest reaches it), since no kube-proxy serves the kubernetes Service here (k8s.patch.yaml: the workers
+# address (not for a worker, whose api-relay serves the Service's), since no kube-proxy serves the kubernetes Service here (k8s.patch.yaml: the workers
 # exited with "dial tcp 10.96.0.1:443: i/o timeout"); client-go's in-cluster configuration
 # reads KUBERNETES_SERVICE_HOST and _PORT, and a container's own env wins over the kubelet's.
 # And no liveness probes: on the guest's emulated CPUs nfd-master and nfd-worker take longer
 # to serve /healthz than the probes allow, and the kubelet restarted them over and over.
-api_host=10.0.2.15 api_port=6443
-[ "$control_plane" = host ] && api_host=10.0.2.2 api_port=$(cat "$dir/controlplane/kube.port")
+env=', "env": [{"name": "KUBERNETES_SERVICE_HOST", "value": "10.0.2.15"}, {"name": "KUBERNETES_SERVICE_PORT", "value": "6443"}]'
+[ "$control_plane" = host ] && env= # a worker's pods reach the Service (simgpu/api-relay.yaml)
 for c in nfd-master nfd-worker; do
 	o=deployment/$c
 	[ $c = nfd-worker ] && o=daemonset/$c
-	k -n "$nfd_ns" patch "$o" --type strategic -p '{"spec": {"template": {"spec": {"containers": [{"name": "'$c'", "livenessProbe": null,
-		"env": [{"name": "KUBERNETES_SERVICE_HOST", "value": "'$api_host'"}, {"name": "KUBERNETES_SERVICE_PORT", "value": "'$api_port'"}]}]}}}}' >/dev/null ||
+	k -n "$nfd_ns" patch "$o" --type strategic -p '{"spec": {"template": {"spec": {"containers": [{"name": "'$c'", "livenessProbe": null'"$env"'}]}}}}' >/dev/null ||
 		fail "could not patch $o for this node"
 done
 if until_ok "$k8s_wait_s" nfd_agrees; then

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The three extensions of the simulated GPU node on Talos (hack/talos-node/test-simgpu.sh):
+# The extensions of the simulated GPU node on Talos (hack/talos-node/test-simgpu.sh):
 #   _out/extensions/nvidia-driver-dev-sim   the product's service and extension files, its
 #       subroot carrying the simulated libnvidia-ml (hack/sim-node/simnvml/build.sh); never a
 #       release image
@@ -8,6 +8,8 @@
 #       base runtime spec names (node.patch.yaml)
 #   _out/extensions/bridge-cni              test only: the node's pod network, written at boot
 #       (bridge-cni.yaml)
+#   _out/extensions/api-relay               test only: the `kubernetes` Service's address for the
+#       pods of the node as a worker of a control plane on this machine (api-relay.yaml)
 # Each is an extension image directory as make extension writes them (their rootfs/ goes to the
 # node's /, hack/talos-node/node.sh).
 set -euo pipefail
@@ -39,4 +41,10 @@ mkdir -p "$n/bin" "$n/net.d" _out/extensions/bridge-cni/rootfs/usr/local/etc/con
 install -m 0755 "${BUSYBOX:-/bin/busybox}" "$n/bin/busybox"
 for a in sh cat mv; do ln -s busybox "$n/bin/$a"; done
 install -m 0644 "$here/bridge-cni.yaml" _out/extensions/bridge-cni/rootfs/usr/local/etc/containers/bridge-cni.yaml
-echo "simgpu: _out/extensions/nvidia-driver-dev-sim, _out/extensions/simnvml-driver, _out/extensions/bridge-cni" >&2
+a=_out/extensions/api-relay/rootfs/usr/local/lib/containers/api-relay
+rm -rf _out/extensions/api-relay
+mkdir -p "$a/bin" _out/extensions/api-relay/rootfs/usr/local/etc/containers
+install -m 0755 "${BUSYBOX:-/bin/busybox}" "$a/bin/busybox"
+for p in sh ip grep nc; do ln -s busybox "$a/bin/$p"; done
+install -m 0644 "$here/api-relay.yaml" _out/extensions/api-relay/rootfs/usr/local/etc/containers/api-relay.yaml
+echo "simgpu: _out/extensions/nvidia-driver-dev-sim, _out/extensions/simnvml-driver, _out/extensions/bridge-cni, _out/extensions/api-relay" >&2
