@@ -124,8 +124,9 @@ k() { "${K8S_NODE_BIN:-$top/_out/k8s-node}/bin/kubectl" --kubeconfig "$dir/kubec
 for i in $(seq 120); do
 	k get --raw /readyz >/dev/null 2>&1 && break
 	if ! kill -0 "$(cat "$cp/kube-apiserver.pid")" 2>/dev/null || [ "$i" = 120 ]; then
-		log "the API server did not get ready; its log's end:"
+		log "the API server did not get ready; its log's end, and etcd's:"
 		tail -20 "$cp/logs/kube-apiserver.log" >&2
+		tail -5 "$cp/logs/etcd.log" >&2
 		stop
 		exit 1
 	fi
