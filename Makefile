@@ -6,6 +6,7 @@
 #   make extension  the development extension image (_out/extensions/), validated with Talos's code
 #   make harness    run that image's service as Talos does, with runc, and print what the host saw
 #   make flavors    re-render the generated release recipes (vars.yaml, flavors/, stages/nvidia-userspace-*)
+#                   from the release facts, hack/release/releases.yaml (docs/extension.md: adding a release)
 #   make release-image  one flavor's release image with docker buildx and bldr (FLAVOR, TALOS_VERSION, IMAGE)
 #
 # The test tiers (docs/development.md says what each proves and how long it takes):

@@ -3,6 +3,7 @@ package recipes
 import (
 	"bytes"
 	"embed"
+	"errors"
 	"fmt"
 	"path/filepath"
 	"strings"
@@ -42,10 +43,21 @@ func (f Flavor) Upper() string { return strings.ToUpper(f.Branch) }
 // Generate renders the generated part of the recipe tree, by path relative to the
 // repository root: the root vars.yaml with every release's data (releases[0] is the
 // default), each flavor's pkg.yaml, vars.yaml and manifest.yaml.tmpl, and the userspace
-// stage of each branch. A missing release (its machinery is known, siderolabs' files are
-// not vendored) gets a branch that fails the build naming it and what to add.
-func Generate(releases []Release, missing []Machinery) (map[string][]byte, error) {
-	tmpl, err := template.New("").Delims("[[", "]]").Funcs(template.FuncMap{"upper": strings.ToUpper}).ParseFS(templates, "templates/*.in")
+// stage of each branch.
+func Generate(releases []Release) (map[string][]byte, error) {
+	if len(releases) == 0 {
+		return nil, errors.New("no releases")
+	}
+
+	// vars.yaml has one default of each prefix, which a build argument overrides.
+	for _, r := range releases[1:] {
+		if r.PkgsPrefix != releases[0].PkgsPrefix || r.ToolsPrefix != releases[0].ToolsPrefix {
+			return nil, fmt.Errorf("Talos %s: pkgs.prefix %s and tools.prefix %s, but Talos %s has %s and %s: the recipes take one default of each",
+				r.Talos, r.PkgsPrefix, r.ToolsPrefix, releases[0].Talos, releases[0].PkgsPrefix, releases[0].ToolsPrefix)
+		}
+	}
+
+	tmpl, err := template.New("").Delims("[[", "]]").Funcs(template.FuncMap{"upper": strings.ToUpper, "comment": commentLines, "join": strings.Join}).ParseFS(templates, "templates/*.in")
 	if err != nil {
 		return nil, err
 	}
@@ -66,10 +78,10 @@ func Generate(releases []Release, missing []Machinery) (map[string][]byte, error
 	if err := exec(VarsYAMLName, "releases.vars.yaml.in", struct {
 		Default  Release
 		Releases []Release
-		Missing  []Machinery
 		Branches []string
 		Arches   []Arch
-	}{releases[0], releases, missing, Branches, Arches()}); err != nil {
+		Facts    string
+	}{releases[0], releases, Branches, Arches(), FactsFile}); err != nil {
 		return nil, err
 	}
 
@@ -93,4 +105,24 @@ func Generate(releases []Release, missing []Machinery) (map[string][]byte, error
 	}
 
 	return out, nil
+}
+
+// commentLines writes its words as YAML comment lines of at most 100 columns (longer
+// words, such as a digest, get a line of their own).
+func commentLines(words ...string) string {
+	var (
+		lines []string
+		line  = "#"
+	)
+
+	for _, w := range strings.Fields(strings.Join(words, " ")) {
+		if len(line)+1+len(w) > 100 && line != "#" {
+			lines = append(lines, line)
+			line = "#"
+		}
+
+		line += " " + w
+	}
+
+	return strings.Join(append(lines, line), "\n")
 }

@@ -24,36 +24,28 @@ import (
 	"github.com/talos-nvidia/nvidia-driver/pkg/extension"
 )
 
-// releases reads the release data as the generator does: the machinery module of each
-// release comes through the go command (module proxy), the rest from the vendored files.
+// releases reads the release data as the generator does: the release facts, each checked
+// against its release's machinery module (through the go command).
 func releases(t *testing.T) []recipes.Release {
 	t.Helper()
 
-	rs, _ := loadReleases(t)
+	rs, err := recipes.LoadReleases(filepath.Join(testutil.RepoRoot(t), filepath.FromSlash(recipes.FactsFile)))
+	require.NoError(t, err)
 
 	return rs
 }
 
-func loadReleases(t *testing.T) ([]recipes.Release, []recipes.Machinery) {
-	t.Helper()
-
-	rs, missing, err := recipes.LoadReleases(filepath.Join(testutil.RepoRoot(t), "hack", "release", "gen-flavors", "releases"))
-	require.NoError(t, err)
-
-	return rs, missing
-}
-
 // TestRecipesAreCurrent re-renders the generated recipes from the release data and compares
 // them with the repository's: edit internal/recipes/templates or the release data, then run
-// go run ./hack/release/gen-flavors. A release whose data moved on (a new pkgs tag in its machinery,
-// other driver versions in its vendored files) fails here.
+// go run ./hack/release/gen-flavors. A release whose data moved on (other driver versions in
+// the facts) fails here.
 func TestRecipesAreCurrent(t *testing.T) {
 	top := testutil.RepoRoot(t)
-	rs, missing := loadReleases(t)
+	rs := releases(t)
 
 	assert.Equal(t, "v1.14.1", rs[0].Talos, "the newest release with data is the default")
 
-	files, err := recipes.Generate(rs, missing)
+	files, err := recipes.Generate(rs)
 	require.NoError(t, err)
 
 	for rel, want := range files {
@@ -347,16 +339,6 @@ func TestReleaseDataIsEnforced(t *testing.T) {
 		require.Error(t, err)
 		assert.Contains(t, err.Error(), tc.want)
 	}
-
-	// A release whose machinery is known and siderolabs' files are not (a release directory
-	// with only a README) gets a branch that fails, naming it and what to add.
-	m, err := recipes.DownloadMachinery("v1.14.1")
-	require.NoError(t, err)
-
-	files, err := recipes.Generate(rs[1:], []recipes.Machinery{m})
-	require.NoError(t, err)
-	assert.Contains(t, string(files[recipes.VarsYAMLName]), `{{- else if eq $talos "v1.14.1" }}
-{{ fail "Talos v1.14.1 (pkgs v1.14.0-25-gf694e1b, tools v1.14.0-7-ga404efb, kernel 6.18.51-talos): siderolabs' release data is not vendored: add the files that hack/release/gen-flavors/releases/v1.14.1/README.md names, then make flavors" }}`)
 }
 
 // TestValidatorsAreTheReleases': the project validates with the Talos code of the machinery

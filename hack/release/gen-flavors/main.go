@@ -1,9 +1,10 @@
 // Command gen-flavors renders the generated part of the release recipes (internal/recipes):
-// the root vars.yaml with the data of every Talos release in hack/release/gen-flavors/releases/,
-// flavors/<name>/{pkg.yaml,vars.yaml,manifest.yaml.tmpl} for the four flavors, and
-// stages/nvidia-userspace-<branch>/pkg.yaml. Each release's pkgs, tools and kernel versions
-// are read from its machinery module (fetched through the go command), its driver versions
-// and checksums from the siderolabs files vendored in its directory.
+// the root vars.yaml with the data of every Talos release in the release facts
+// (hack/release/releases.yaml), flavors/<name>/{pkg.yaml,vars.yaml,manifest.yaml.tmpl} for
+// the four flavors, and stages/nvidia-userspace-<branch>/pkg.yaml. Each release's kernel
+// version is read from its machinery module (fetched through the go command), which must
+// also name the pkgs and tools tags of its facts; its driver versions, checksums and images
+// come from the facts, each with the source they say it was read at.
 //
 //	go run ./hack/release/gen-flavors [-check]
 //
@@ -30,14 +31,14 @@ func run() int {
 	root := flag.String("root", ".", "repository root")
 	flag.Parse()
 
-	releases, missing, err := recipes.LoadReleases(filepath.Join(*root, "hack", "release", "gen-flavors", "releases"))
+	releases, err := recipes.LoadReleases(filepath.Join(*root, filepath.FromSlash(recipes.FactsFile)))
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "gen-flavors:", err)
 
 		return 1
 	}
 
-	files, err := recipes.Generate(releases, missing)
+	files, err := recipes.Generate(releases)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "gen-flavors:", err)
 
