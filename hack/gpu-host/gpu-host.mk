@@ -1,4 +1,4 @@
-# The GPU host's end-to-end test (hack/gpu-host; README, "GPU end-to-end test"). The
+# The GPU host's end-to-end test (hack/gpu-host; docs/development.md, "Run history"). The
 # top-level Makefile includes this file. The Kubernetes runs on a GPU host
 # (hack/gpu-host/gpu-run.sh and its siblings) need no make: their carry scripts pack what they
 # need.
