@@ -93,7 +93,7 @@ binaries-arm64:
 # format error"; and memory, whose page accounting is qemu's, not the program's.
 ARM64_QEMU := qemu-aarch64-static -L /usr/aarch64-linux-gnu
 ARM64_CPU_TESTS := ./pkg/atomicfile ./pkg/config ./pkg/devnodes ./pkg/document ./pkg/gpu/models ./internal/sim \
-  ./pkg/mig/... ./pkg/nfd ./pkg/nvswitch ./pkg/ociimage
+  ./pkg/mig/... ./pkg/nfd ./pkg/nvswitch ./internal/ociimage
 # The arm64 subroot (Debian's arm64 packages): NVIDIA's aarch64 nvidia-smi and
 # nvidia-persistenced run from it with its own loader, and the arm64 service accepts it
 # while refusing the amd64 one. driverroot's checks run on it; its mount tests re-run

@@ -17,7 +17,6 @@ import (
 	"time"
 
 	// A SIGTERM before runService handles it exits 0 (the package says why).
-	_ "github.com/talos-nvidia/nvidia-driver/internal/stopsignal"
 	"github.com/talos-nvidia/nvidia-driver/pkg/atomicfile"
 	"github.com/talos-nvidia/nvidia-driver/pkg/cdi"
 	"github.com/talos-nvidia/nvidia-driver/pkg/config"
@@ -27,6 +26,7 @@ import (
 	migcli "github.com/talos-nvidia/nvidia-driver/pkg/mig/cli"
 	"github.com/talos-nvidia/nvidia-driver/pkg/node"
 	"github.com/talos-nvidia/nvidia-driver/pkg/nvmljobs"
+	_ "github.com/talos-nvidia/nvidia-driver/pkg/stopsignal"
 )
 
 // version is set by the build (-X main.version=...).

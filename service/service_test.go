@@ -506,7 +506,7 @@ func TestMPSCapableLabelWithoutMIG(t *testing.T) {
 
 // TestSIGTERMAtStartExitsZero: the service, as PID 1 of its own PID namespace (as Talos runs
 // it), gets SIGTERM at moments from its exec on; it exits 0 each time, within a second.
-// Before internal/stopsignal, a SIGTERM before the Go runtime's handlers was dropped by the
+// Before pkg/stopsignal, a SIGTERM before the Go runtime's handlers was dropped by the
 // kernel (the service ran on until killed) and one before main's exited 2 (issue 32).
 func TestSIGTERMAtStartExitsZero(t *testing.T) {
 	testutil.RequireRoot(t)

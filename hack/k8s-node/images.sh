@@ -79,7 +79,7 @@ fi
 mkdir -p "$out"
 exec 9>"$out/.lock"
 flock 9
-stamp=$(cat "$here/images.sh" "$here"/{plugin,validator,nfd}/go.{mod,sum} "$here"/image/*.go "$top"/pkg/ociimage/*.go "$here"/nfd-features/*.go "$top"/pkg/nfd/*.go |
+stamp=$(cat "$here/images.sh" "$here"/{plugin,validator,nfd}/go.{mod,sum} "$here"/image/*.go "$top"/internal/ociimage/*.go "$here"/nfd-features/*.go "$top"/pkg/nfd/*.go |
 	sha256sum | cut -c1-16)
 if [[ "$(cat "$out/.stamp" 2>/dev/null)" == "$stamp" ]]; then
 	exit 0

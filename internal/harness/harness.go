@@ -17,7 +17,7 @@ import (
 	"github.com/moby/sys/mountinfo"
 	"golang.org/x/sys/unix"
 
-	"github.com/talos-nvidia/nvidia-driver/pkg/extension"
+	"github.com/talos-nvidia/nvidia-driver/internal/extension"
 )
 
 // Options says what to run and what to wait for.

@@ -17,9 +17,9 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/talos-nvidia/nvidia-driver/internal/extension"
 	"github.com/talos-nvidia/nvidia-driver/internal/harness"
 	"github.com/talos-nvidia/nvidia-driver/internal/testutil"
-	"github.com/talos-nvidia/nvidia-driver/pkg/extension"
 )
 
 // The harness runs the service from nothing but the extension's files, under runc, with the

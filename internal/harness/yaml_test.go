@@ -9,8 +9,8 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/talos-nvidia/nvidia-driver/internal/extension"
 	"github.com/talos-nvidia/nvidia-driver/internal/testutil"
-	"github.com/talos-nvidia/nvidia-driver/pkg/extension"
 )
 
 // TestServiceYAMLMountSources checks both services' mounts against what machined

@@ -11,9 +11,9 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/talos-nvidia/nvidia-driver/internal/extension"
 	"github.com/talos-nvidia/nvidia-driver/internal/recipes"
 	"github.com/talos-nvidia/nvidia-driver/internal/testutil"
-	"github.com/talos-nvidia/nvidia-driver/pkg/extension"
 )
 
 func chrootAttr(root string) *syscall.SysProcAttr { return &syscall.SysProcAttr{Chroot: root} }

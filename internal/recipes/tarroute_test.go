@@ -14,8 +14,8 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/talos-nvidia/nvidia-driver/internal/extension"
 	"github.com/talos-nvidia/nvidia-driver/internal/recipes"
-	"github.com/talos-nvidia/nvidia-driver/pkg/extension"
 )
 
 // finalOutput lays out what a package's finalize copies (bldr convert/node.go finalize:

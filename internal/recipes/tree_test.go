@@ -19,9 +19,9 @@ import (
 	"github.com/stretchr/testify/require"
 	"gopkg.in/yaml.v3"
 
+	"github.com/talos-nvidia/nvidia-driver/internal/extension"
 	"github.com/talos-nvidia/nvidia-driver/internal/recipes"
 	"github.com/talos-nvidia/nvidia-driver/internal/testutil"
-	"github.com/talos-nvidia/nvidia-driver/pkg/extension"
 )
 
 // releases reads the release data as the generator does: the release facts, each checked
@@ -127,7 +127,7 @@ func treeLoads(t *testing.T, tr *recipes.Tree, rs []recipes.Release, args map[st
 	assert.Equal(t, want, names)
 	assert.Equal(t, attached, tr.Attached, "templates: only each flavor's manifest")
 	assert.Equal(t, "ghcr.io/siderolabs/bldr:"+rs[0].BldrRelease, tr.Pkgfile.Syntax, "Pkgfile's # syntax line")
-	assert.Equal(t, "/usr/local/glibc", tr.Pkgfile.Vars["GLIBC_ROOT"], "the subroot path of the Makefile and pkg/extension")
+	assert.Equal(t, "/usr/local/glibc", tr.Pkgfile.Vars["GLIBC_ROOT"], "the subroot path of the Makefile and internal/extension")
 	assert.Equal(t, "/"+extension.SubrootPath, tr.Pkgfile.Vars["GLIBC_ROOT"])
 
 	// The root package builds from the module source: bldr copies its directory, the

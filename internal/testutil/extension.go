@@ -7,7 +7,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/talos-nvidia/nvidia-driver/pkg/extension"
+	"github.com/talos-nvidia/nvidia-driver/internal/extension"
 )
 
 // DevExtension returns Options for the development image from make build's outputs (the

@@ -36,7 +36,7 @@ step_validate() {
   cp /pkg/manifest.yaml /tmp/extension/manifest.yaml
   # Talos's validator, as siderolabs runs it
   /extensions-validator validate --rootfs=/tmp/extension --pkg-name="${PKG_NAME:?}"
-  # the project's (pkg/extension): Talos's checks for this release, the service YAML,
+  # the project's (internal/extension): Talos's checks for this release, the service YAML,
   # every program's interpreter and libraries, the subroot (pkg/driverroot), the modules,
   # and that the image is this one release's (its version, the kernel of its modules)
   /opt/nvidia-driver/bin/extension -validate /tmp/extension -talos-version "$TALOS_VERSION" \

@@ -17,7 +17,7 @@ import (
 
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 
-	"github.com/talos-nvidia/nvidia-driver/pkg/ociimage"
+	"github.com/talos-nvidia/nvidia-driver/internal/ociimage"
 )
 
 // listFlag collects a repeated flag.

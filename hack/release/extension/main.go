@@ -17,7 +17,7 @@ import (
 	"os"
 	"path/filepath"
 
-	"github.com/talos-nvidia/nvidia-driver/pkg/extension"
+	"github.com/talos-nvidia/nvidia-driver/internal/extension"
 )
 
 func main() {

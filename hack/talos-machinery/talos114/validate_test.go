@@ -1,5 +1,5 @@
 // Package talos114_test validates the extension with Talos 1.14's code: this module requires
-// machinery v1.14.1, and builds the product's pkg/extension (replace ../../..) against it, so
+// machinery v1.14.1, and builds the product's internal/extension (replace ../../..) against it, so
 // the same validator that the product runs with Talos 1.13's machinery runs here with 1.14's
 // (extensions.Load and Validate, services.Spec with the fields 1.14 added: RunnerMode, used
 // below, exists only from 1.14 on, so this does not compile against 1.13's machinery). The product's
@@ -19,8 +19,8 @@ import (
 	"github.com/stretchr/testify/require"
 	"gopkg.in/yaml.v3"
 
+	"github.com/talos-nvidia/nvidia-driver/internal/extension"
 	"github.com/talos-nvidia/nvidia-driver/internal/testutil"
-	"github.com/talos-nvidia/nvidia-driver/pkg/extension"
 )
 
 // Talos is the 1.14 release these tests validate against.

@@ -7,7 +7,7 @@ import (
 
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 
-	"github.com/talos-nvidia/nvidia-driver/pkg/ociimage"
+	"github.com/talos-nvidia/nvidia-driver/internal/ociimage"
 )
 
 // WriteImage writes the extension directory dir (manifest.yaml and rootfs/) as a one-layer

@@ -15,7 +15,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/talos-nvidia/nvidia-driver/pkg/ociimage"
+	"github.com/talos-nvidia/nvidia-driver/internal/ociimage"
 )
 
 func TestWriteDirImage(t *testing.T) {

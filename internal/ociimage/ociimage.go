@@ -1,5 +1,5 @@
 // Package ociimage writes a directory as a reproducible one-layer container image, as an
-// image archive (the extension image, pkg/extension; the test nodes' images, hack/k8s-node)
+// image archive (the extension image, internal/extension; the test nodes' images, hack/k8s-node)
 // or as an OCI image layout (what the Talos test node's registry serves, hack/talos-node).
 package ociimage
 
