@@ -125,11 +125,11 @@ func TestMachineConfigPatches(t *testing.T) {
 		examples = append(examples, files...)
 	}
 
-	// What each patch must do beyond validating, and for MIG patches the GPU they are
-	// written for: the layout is planned on simulated GPUs of that model.
+	// What each patch must do beyond validating, and for MIG patches the GPUs they are
+	// written for: the layout is planned on simulated GPUs of each model.
 	checks := map[string]struct {
 		check func(t *testing.T, p patched)
-		gpu   string
+		gpus  []string
 	}{
 		"talos-1.13/gpu-worker.patch.yaml": {check: func(t *testing.T, p patched) {
 			assert.Equal(t, []string{"nvidia", "nvidia_uvm", "nvidia_drm", "nvidia_modeset"}, p.modules)
@@ -138,14 +138,14 @@ func TestMachineConfigPatches(t *testing.T) {
 			// deploy/'s DaemonSets select on this label (siderolabs/talos#12103).
 			assert.Contains(t, p.labels, "nvidia.com/gpu.present=true")
 		}},
-		"talos-1.13/mig.patch.yaml": {gpu: "h200", check: func(t *testing.T, p patched) {
+		"talos-1.13/mig.patch.yaml": {gpus: []string{"h100-80gb", "h100-pcie", "h200", "a100-80gb", "a100-pcie-80gb", "a100-40gb", "a100-pcie-40gb", "a30"}, check: func(t *testing.T, p patched) {
 			assert.Contains(t, p.labels, "nvidia.com/device-plugin.config=mixed")
 			require.NotNil(t, p.service)
-			assert.Equal(t, "h200-balanced", p.service.MIGLayout)
+			assert.Equal(t, "inference", p.service.MIGLayout)
 			// In files, not environment: they reach a service running when the document is added.
 			assert.Empty(t, p.env["nvidia-driver"])
 		}},
-		"mig-h100.patch.yaml": {gpu: "h100-80gb", check: func(t *testing.T, p patched) {
+		"mig-h100.patch.yaml": {gpus: []string{"h100-80gb", "h100-pcie"}, check: func(t *testing.T, p patched) {
 			require.NotNil(t, p.service)
 			assert.Equal(t, "inference-h100", p.service.MIGLayout)
 			assert.Empty(t, p.env["nvidia-driver"])
@@ -169,7 +169,7 @@ func TestMachineConfigPatches(t *testing.T) {
 			require.True(t, ok, "add a check for %s", path)
 			p := applyPatch(t, input, data)
 			c.check(t, p)
-			if c.gpu == "" {
+			if len(c.gpus) == 0 {
 				return
 			}
 			// A MIG patch goes onto a GPU worker.
@@ -180,11 +180,14 @@ func TestMachineConfigPatches(t *testing.T) {
 			require.NoError(t, err)
 			layouts, err := mig.Parse(mf)
 			require.NoError(t, err)
-			spec, err := sim.LookupModel(c.gpu)
-			require.NoError(t, err)
-			plan, err := migcli.Plan(spec, 2, layouts, svc.MIGLayout)
-			require.NoError(t, err, "layout %q does not fit two %s", svc.MIGLayout, c.gpu)
-			require.NotNil(t, plan)
+			for _, gpu := range c.gpus {
+				spec, err := sim.LookupModel(gpu)
+				require.NoError(t, err)
+				plan, err := migcli.Plan(spec, 2, layouts, svc.MIGLayout)
+				require.NoError(t, err, "layout %q does not fit two %s", svc.MIGLayout, gpu)
+				// Not "nothing to do": the layout is written for this model.
+				assert.Equal(t, 2, plan.Selected(), "layout %q selects no %s", svc.MIGLayout, gpu)
+			}
 		})
 	}
 	assert.Equal(t, len(checks), seen, "every checked patch exists")

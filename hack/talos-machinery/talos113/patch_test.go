@@ -108,7 +108,7 @@ func TestExamplePatches113(t *testing.T) {
 		},
 		"talos-1.13/mig.patch.yaml": func(t *testing.T, cfg config.Provider) {
 			assert.Equal(t, "mixed", cfg.Machine().NodeLabels()["nvidia.com/device-plugin.config"])
-			assert.Contains(t, escFiles(t, cfg)["/etc/nvidia-driver/config.yaml"], "migLayout: h200-balanced")
+			assert.Contains(t, escFiles(t, cfg)["/etc/nvidia-driver/config.yaml"], "migLayout: inference")
 		},
 		"mig-h100.patch.yaml": func(t *testing.T, cfg config.Provider) {
 			assert.Contains(t, escFiles(t, cfg)["/etc/nvidia-driver/config.yaml"], "migLayout: inference-h100")

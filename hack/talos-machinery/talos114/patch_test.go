@@ -134,7 +134,7 @@ func TestExamplePatches114(t *testing.T) {
 		},
 		"talos-1.14/mig.patch.yaml": func(t *testing.T, cfg config.Provider) {
 			assert.Equal(t, "mixed", cfg.K8sNodeConfig().Labels()["nvidia.com/device-plugin.config"])
-			assert.Contains(t, escFiles(t, cfg)["/etc/nvidia-driver/config.yaml"], "migLayout: h200-balanced")
+			assert.Contains(t, escFiles(t, cfg)["/etc/nvidia-driver/config.yaml"], "migLayout: inference")
 		},
 		"mig-h100.patch.yaml": func(t *testing.T, cfg config.Provider) {
 			assert.Contains(t, escFiles(t, cfg)["/etc/nvidia-driver/config.yaml"], "migLayout: inference-h100")
@@ -247,4 +247,35 @@ func TestInstallImageWarning114(t *testing.T) {
 	w, err := talospatch.Validate(worker(t, generate.WithInstallImage("registry.example.com/talos/installer:v1.14.1-nvidia")))
 	require.NoError(t, err)
 	assert.Empty(t, w)
+}
+
+// TestGPUWorkerConfigOfItsOwn114: docs/getting-started.md makes the GPU workers' config with a
+// second `talosctl gen config` from the same secrets, `--install-image` naming the GPU
+// installer and `--config-patch-worker` the GPU patch: that config validates with no warning
+// and carries both, while the CPU workers' config keeps neither.
+func TestGPUWorkerConfigOfItsOwn114(t *testing.T) {
+	const installer = "registry.example.com/talos/installer:v1.14.1-nvidia"
+
+	cfg, warnings, err := talospatch.ApplyAndValidate(worker(t, generate.WithInstallImage(installer)), example(t, "talos-1.14/gpu-worker.patch.yaml"))
+	require.NoError(t, err)
+	assert.Empty(t, warnings)
+	assert.Equal(t, installer, cfg.UnattendedInstallConfig().InstallerImage())
+	assert.Equal(t, "true", cfg.K8sNodeConfig().Labels()["nvidia.com/gpu.present"])
+
+	cpu := worker(t)
+	assert.Empty(t, cpu.UnattendedInstallConfig().InstallerImage())
+	assert.NotContains(t, cpu.K8sNodeConfig().Labels(), "nvidia.com/gpu.present")
+	assert.Empty(t, modules(cpu))
+}
+
+// TestInstallerPatchLosesDiskSelector114: why the docs make the GPU workers' config with a
+// second `talosctl gen config` rather than a patch naming the installer. 1.14's configpatcher
+// merges an UnattendedInstallConfig patch that sets only installer.image over the generated
+// document's provisioning, dropping its disk selector, and the result no longer validates.
+func TestInstallerPatchLosesDiskSelector114(t *testing.T) {
+	patch := []byte("apiVersion: v1alpha1\nkind: UnattendedInstallConfig\ninstaller:\n  image: registry.example.com/talos/installer:v1.14.1-nvidia\n")
+
+	_, _, err := talospatch.ApplyAndValidate(worker(t), patch)
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "provisioning.diskSelector.match is required")
 }
