@@ -139,6 +139,21 @@ func TestExamplePatches114(t *testing.T) {
 		"mig-h100.patch.yaml": func(t *testing.T, cfg config.Provider) {
 			assert.Contains(t, escFiles(t, cfg)["/etc/nvidia-driver/config.yaml"], "migLayout: inference-h100")
 		},
+		// The removal patches, each on a node with what it undoes (undoes, below): nothing of
+		// the GPU patches is left.
+		"talos-1.14/gpu-worker-remove.patch.yaml": noGPUSettings,
+		"talos-1.14/mig-remove.patch.yaml": func(t *testing.T, cfg config.Provider) {
+			assert.NotContains(t, cfg.K8sNodeConfig().Labels(), "nvidia.com/device-plugin.config")
+			assert.Empty(t, cfg.ExtensionServiceConfigs())
+			// The GPU worker patch is still there until its own removal patch.
+			assert.Equal(t, "true", cfg.K8sNodeConfig().Labels()["nvidia.com/gpu.present"])
+		},
+	}
+
+	// What each removal patch is applied after, in order.
+	undoes := map[string][]string{
+		"talos-1.14/gpu-worker-remove.patch.yaml": {"talos-1.14/gpu-worker.patch.yaml"},
+		"talos-1.14/mig-remove.patch.yaml":        {"talos-1.14/gpu-worker.patch.yaml", "talos-1.14/mig.patch.yaml"},
 	}
 
 	for _, glob := range []string{"talos-1.14/*.yaml", "*.patch.yaml"} {
@@ -160,6 +175,16 @@ func TestExamplePatches114(t *testing.T) {
 
 	for name, check := range checks {
 		t.Run(name, func(t *testing.T) {
+			if before, ok := undoes[name]; ok {
+				var patches [][]byte
+				for _, b := range before {
+					patches = append(patches, example(t, b))
+				}
+				check(t, apply(t, append(patches, example(t, name))...))
+
+				return
+			}
+
 			cfg := apply(t, example(t, name))
 			check(t, cfg)
 
@@ -278,4 +303,29 @@ func TestInstallerPatchLosesDiskSelector114(t *testing.T) {
 	_, _, err := talospatch.ApplyAndValidate(worker(t), patch)
 	require.Error(t, err)
 	assert.Contains(t, err.Error(), "provisioning.diskSelector.match is required")
+}
+
+// noGPUSettings: a config with nothing of the GPU patches: no NVIDIA module, label, taint or
+// nvidia-driver document.
+func noGPUSettings(t *testing.T, cfg config.Provider) {
+	t.Helper()
+	assert.Empty(t, modules(cfg))
+	assert.NotContains(t, cfg.K8sNodeConfig().Labels(), "nvidia.com/gpu.present")
+	assert.NotContains(t, cfg.K8sNodeConfig().Labels(), "nvidia.com/device-plugin.config")
+	assert.NotContains(t, kubelet(t, cfg).KubeletConfig.Object, "registerWithTaints")
+	assert.Empty(t, cfg.ExtensionServiceConfigs())
+}
+
+// TestUninstallPatches114: docs/day-2.md's uninstall on a node with both GPU patches (the MIG
+// removal, then the GPU worker's) leaves nothing of them; on a node without the GPU patch the
+// removal fails, as its comment says.
+func TestUninstallPatches114(t *testing.T) {
+	cfg := apply(t,
+		example(t, "talos-1.14/gpu-worker.patch.yaml"), example(t, "talos-1.14/mig.patch.yaml"),
+		example(t, "talos-1.14/mig-remove.patch.yaml"), example(t, "talos-1.14/gpu-worker-remove.patch.yaml"))
+	noGPUSettings(t, cfg)
+
+	_, err := talospatch.Apply(worker(t), example(t, "talos-1.14/gpu-worker-remove.patch.yaml"))
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "lookup failed")
 }
