@@ -1,71 +1,96 @@
 #!/usr/bin/env bash
 # NVIDIA's DRA driver for GPUs (kubernetes-sigs/dra-driver-nvidia-gpu, formerly
-# NVIDIA/k8s-dra-driver-gpu) built from its source at its release tag, for the test node
-# (hack/dra/test-dra.sh). Its module is not served by the Go module proxy, so it is built
-# from a git checkout of that repository that holds the tag:
+# NVIDIA/k8s-dra-driver-gpu) v0.5.0, built from its Go module for the test node
+# (hack/dra/test-dra.sh):
 #
-#   hack/dra/build.sh CHECKOUT      (a clone, bare or not; DRA_OUT, default _out/dra)
+#   hack/dra/build.sh               (DRA_OUT, default _out/dra)
 #
-# The tag's tree (git archive of the tag, its commit checked) goes outside this checkout
-# (DRA_SRC, default ~/.cache/nvidia-driver-dra/src): bldr loads every .tmpl file of the tree
-# it builds from, hidden directories and _out/ included (solver/filesystem_loader.go), and the
-# DRA driver's tree has many (internal/recipes reports them).
+# The module proxy serves the module as github.com/NVIDIA/k8s-dra-driver-gpu at v0.5.0 when
+# asked for that version exactly; its go.mod names sigs.k8s.io/dra-driver-nvidia-gpu, so it
+# builds only as the main module, against its own go.mod (two requirements changed, below).
+# Of the module's tree only the Go part (DRA_OUT/src) and the image's files come under _out/:
+# bldr loads every .tmpl file under the tree it builds from, _out/ included, and the module
+# has some elsewhere (test/, tests/, hack/ci/).
 # Into DRA_OUT:
-#   rootfs/dra-driver/         the image as the tag's deployments/container/Dockerfile lays it
-#   rootfs/dra-driver.flags      out, the GPU part only: gpu-kubelet-plugin (cgo, with its
-#                              vendor/ and the Makefile's cmd-% flags) in /usr/bin, the chart's
-#                              init script kubelet-plugin-prestart.sh, templates/, bash at
-#                              /bin/bash (Debian's bash-static, as the Dockerfile takes it), on
+#   src/, bin/                 the module's Go tree the plugin is built in, and the programs
+#   rootfs/dra-driver/         the image as the module's deployments/container/Dockerfile lays
+#   rootfs/dra-driver.flags      it out, the GPU part only: gpu-kubelet-plugin (cgo, the
+#                              Makefile's cmd-% flags) in /usr/bin, the chart's init script
+#                              kubelet-plugin-prestart.sh, templates/, LICENSE, bash at /bin/bash
+#                              (Debian's bash-static, as the Dockerfile takes it), on
 #                              hack/k8s-node's distroless-like base (glibc, busybox at /busybox);
 #                              left out: the ComputeDomain programs, the webhook, and the
 #                              toolkit's nvidia-cdi-hook (deploy/dra/values.yaml names the
 #                              host's, so the plugin never copies its own: main.go
 #                              setNvidiaCDIHookPath)
-#   images/dra-driver.tar      that image, registry.k8s.io/dra-driver-nvidia/dra-driver-nvidia-gpu:TAG
-#                              (the chart's default image for the tag, so the rendered chart
-#                              needs no image override), packed by hack/k8s-node/image
-#   bin/cdi-e2e                hack/gpu-host/cdi-e2e (static), which test-dra.sh checks the driver's CDI
-#                              specs with
-#   dra-driver.yaml            the chart (deployments/helm/dra-driver-nvidia-gpu of the tag)
-#                              rendered as a user renders it: helm template with
-#                              deploy/dra/values.yaml, namespace nvidia-dra-driver-gpu
-# Needs make k8s-node (the image tool and busybox) and helm in _out/tools
-# (hack/dev/install-deploy-test-deps.sh).
+#   images/dra-driver.tar      that image, registry.k8s.io/dra-driver-nvidia/dra-driver-nvidia-gpu:v0.5.0
+#                              (the chart's default image for its appVersion, so the rendered
+#                              chart needs no image override), packed by hack/k8s-node/image
+#   bin/cdi-e2e                hack/gpu-host/cdi-e2e (static), which test-dra.sh checks the
+#                              driver's CDI specs with
+#   dra-driver.yaml            the module's chart (deployments/helm/dra-driver-nvidia-gpu)
+#                              rendered as `helm install` renders it: helm template with
+#                              deploy/dra/values.yaml, namespace nvidia-dra-driver-gpu, its CRDs
+# Needs make k8s-node's images (hack/k8s-node/images.sh: the image tool and busybox) and helm
+# in _out/tools (hack/dev/install-deploy-test-deps.sh).
 set -euo pipefail
-tag=v0.4.1
-commit=764900e7833798a1528bd52a2af3e1b2d5f7a616
-mod=sigs.k8s.io/dra-driver-nvidia-gpu
-ref=registry.k8s.io/dra-driver-nvidia/dra-driver-nvidia-gpu:$tag
+mod=github.com/NVIDIA/k8s-dra-driver-gpu
+ver=v0.5.0
+sum=h1:AH5/wdVxMRP5BDbbRZGi0YASwTH5omzHzd+4c3GsVpQ= # the module zip's hash, as go.sum writes it
+ref=registry.k8s.io/dra-driver-nvidia/dra-driver-nvidia-gpu:$ver
+chart=deployments/helm/dra-driver-nvidia-gpu
 
 top=$(cd "$(dirname "$0")/../.." && pwd)
-checkout=${1:?usage: hack/dra/build.sh CHECKOUT (a git repository of kubernetes-sigs/dra-driver-nvidia-gpu with tag $tag)}
+(($# == 0)) || { echo "usage: hack/dra/build.sh (no arguments; DRA_OUT sets the output directory)" >&2; exit 2; }
 out=${DRA_OUT:-$top/_out/dra}
-src=${DRA_SRC:-${XDG_CACHE_HOME:-$HOME/.cache}/nvidia-driver-dra/src}
 images=${K8S_NODE_IMAGES:-$top/_out/k8s-node/images}
 helm=$top/_out/tools/helm
 for f in "$images/image" "$images/busybox" "$helm"; do
-	[[ -x $f ]] || { echo "dra: $f is missing: run make k8s-node and hack/dev/install-deploy-test-deps.sh" >&2; exit 1; }
+	[[ -x $f ]] || { echo "dra: $f is missing: run hack/k8s-node/images.sh (make k8s-node) and hack/dev/install-deploy-test-deps.sh" >&2; exit 1; }
 done
-got=$(git -C "$checkout" rev-parse --verify -q "$tag^{commit}") ||
-	{ echo "dra: $checkout has no tag $tag" >&2; exit 1; }
-[[ $got == "$commit" ]] || { echo "dra: tag $tag in $checkout is commit $got, not $commit" >&2; exit 1; }
+
+info=$(cd "$top" && go mod download -json "$mod@$ver") ||
+	{ echo "dra: go mod download $mod@$ver failed:" >&2; echo "$info" >&2; exit 1; }
+field() { sed -n "s/^[[:space:]]*\"$1\": \"\(.*\)\",\{0,1\}\$/\1/p" <<<"$info"; }
+src=$(field Dir)
+[[ -d $src ]] || { echo "dra: go mod download gave no directory for $mod@$ver:" >&2; echo "$info" >&2; exit 1; }
+[[ $(field Sum) == "$sum" ]] || { echo "dra: $mod@$ver has hash $(field Sum), not $sum" >&2; exit 1; }
+gomod=$(sed -n 's/^module[[:space:]]\{1,\}\([^[:space:]]*\).*/\1/p' "$src/go.mod")
+[[ $(tr -d '[:space:]' <"$src/VERSION") == "$ver" ]] || { echo "dra: $src/VERSION is not $ver" >&2; exit 1; }
 
 mkdir -p "$out"
 rm -rf "$out/rootfs" "$out/images"
 mkdir -p "$out/rootfs" "$out/images"
-# The tag's tree and its kubelet plugin, made again only when the tag or this script changed.
-stamp=$commit-3 # the tag's commit, and a count to bump when the build below changes
+# The kubelet plugin, made again only when the module, this build or its Go settings changed.
+stamp="$mod@$ver $sum 5 $(go env GOVERSION GOAMD64 GOFLAGS | tr '\n' ' ')"
 if [[ $(cat "$out/.stamp" 2>/dev/null) != "$stamp" ]]; then
-	rm -rf "$src" "$out/src" "$out/bin"
-	mkdir -p "$src" "$out/bin"
-	git -C "$checkout" archive "$commit" | tar -x -C "$src"
-	echo "dra: $tag ($commit) in $src" >&2
-	# The Makefile's cmd-% rule (go-nvml's cgo flags need the ALLOW), with its vendor/.
+	rm -rf "$out/bin" "$out/src"
+	mkdir -p "$out/bin" "$out/src"
+	# The module's Go tree as its Dockerfile copies it, writable (go may add to go.sum).
+	cp -r "$src"/{go.mod,go.sum,api,cmd,internal,pkg} "$out/src/"
+	chmod -R u+w "$out/src"
+	echo "dra: $mod@$ver ($gomod) from $src in $out/src" >&2
+	# Two of the module's requirements are not served by the module proxy (2026-12-08: "This
+	# module version is not available"): k8s.io/kubernetes v1.37.0-rc.0, whose release v1.37.0
+	# is (the test node's Kubernetes), and github.com/NVIDIA/go-nvfm, at no version. The go.mod
+	# takes v1.37.0 and drops go-nvfm, and the one file that imports it,
+	# pkg/fabricmanager/client_nvfm.go, gives way to ours below, whose NewClient is the
+	# package's own stub client. Only the alpha FabricManagerPartitioning gate (off here)
+	# reaches it: with the gate on, opening Fabric Manager fails with ErrUnimplemented.
+	go mod edit -require=k8s.io/kubernetes@v1.37.0 -droprequire=github.com/NVIDIA/go-nvfm "$out/src/go.mod"
+	rm "$out/src/pkg/fabricmanager/client_nvfm.go" "$out/src/pkg/fabricmanager/client_nvfm_test.go"
+	cat >"$out/src/pkg/fabricmanager/client_stub.go" <<-'EOF'
+		package fabricmanager
+
+		// NewClient stands in for the go-nvfm client (hack/dra/build.sh says why).
+		func NewClient(string, ConnectParams) Client { return NewStubClient() }
+	EOF
+	# The Makefile's cmd-% rule (go-nvml's cgo flags need the ALLOW); -mod=mod, as the module
+	# has no vendor/. It carries no commit, so only the version is stamped in.
 	t0=$SECONDS
-	(cd "$src" && CGO_LDFLAGS_ALLOW='-Wl,--unresolved-symbols=ignore-in-object-files' CGO_ENABLED=1 \
-		CGO_CFLAGS="-O2 -Wno-deprecated-declarations" go build -mod=vendor -trimpath -o "$out/bin/" \
-		-ldflags "-s -w -X $mod/internal/info.gitCommit=$commit -X $mod/internal/info.version=$tag" \
-		./cmd/gpu-kubelet-plugin)
+	(cd "$out/src" && GOWORK=off CGO_LDFLAGS_ALLOW='-Wl,--unresolved-symbols=ignore-in-object-files' CGO_ENABLED=1 \
+		CGO_CFLAGS="-O2 -Wno-deprecated-declarations" go build -mod=mod -trimpath \
+		-o "$out/bin/" -ldflags "-s -w -X $gomod/internal/info.version=$ver" ./cmd/gpu-kubelet-plugin)
 	echo "dra: gpu-kubelet-plugin built in $((SECONDS - t0)) s" >&2
 	echo "$stamp" >"$out/.stamp"
 fi
@@ -87,7 +112,8 @@ dpkg -x "$W"/bash-static_*.deb "$W/x"
 install -m 0755 "$W/x/bin/bash-static" "$r/bin/bash"
 install -m 0755 "$src/hack/kubelet-plugin-prestart.sh" "$r/usr/bin/kubelet-plugin-prestart.sh"
 cp -r "$src/templates" "$r/templates"
-cp "$src/LICENSE" "$r/LICENSE"
+install -m 0644 "$src/LICENSE" "$r/LICENSE"
+chmod -R u+w,go-w "$r/templates" # the module cache's files are read-only
 "$r/usr/bin/gpu-kubelet-plugin" --version >&2 # the Dockerfile's smoke test, on its own program
 
 printf '%s\n' -ref "$ref" -entrypoint /bin/bash \
@@ -98,8 +124,9 @@ mapfile -t flags <"$out/rootfs/dra-driver.flags"
 "$images/image" -rootfs "$r" -out "$out/images/dra-driver.tar" "${flags[@]}" >/dev/null
 
 # The chart, rendered the user way with this project's values, for the Kubernetes version of
-# Talos v1.13.9 (the test node's; helm template knows no cluster, and the chart wants >=1.32).
+# the test node (hack/k8s-node/kube; helm template knows no cluster, and the chart wants
+# >=1.32). --include-crds: helm install applies the chart's crds/ (the ComputeDomain CRDs).
 kube_version=$(cd "$top/hack/k8s-node/kube" && go list -m -f '{{.Version}}' k8s.io/kubernetes)
-"$helm" template dra-driver-nvidia-gpu "$src/deployments/helm/dra-driver-nvidia-gpu" \
+"$helm" template dra-driver-nvidia-gpu "$src/$chart" --include-crds \
 	--namespace nvidia-dra-driver-gpu --kube-version "$kube_version" -f "$top/deploy/dra/values.yaml" >"$out/dra-driver.yaml"
 echo "dra: $out/images/dra-driver.tar ($ref), $out/dra-driver.yaml ($(grep -c '^kind:' "$out/dra-driver.yaml") objects)" >&2

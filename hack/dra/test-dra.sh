@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
-# NVIDIA's DRA driver for GPUs in place of deploy/'s device plugin, on a real Kubernetes node
-# where the extension's service has brought the GPUs up. Run inside hack/k8s-node/cluster.sh
+# NVIDIA's DRA driver for GPUs (v0.5.0, built from its Go module by hack/dra/build.sh) in place
+# of deploy/'s device plugin, on a real Kubernetes node where the extension's service has
+# brought the GPUs up. Run inside hack/k8s-node/cluster.sh
 # -gpu: on the GPU test host by hack/gpu-host/gpu-dra.sh (gpu-run.sh), on the simulated GPU
 # node by `hack/sim-node/sim-run.sh hack/dra/test-dra.sh` (NVML is hack/sim-node/simnvml there:
 # the driver root's usr/share/nvidia-driver/source says simnvml). Needs _out/dra from
 # hack/dra/build.sh (the image's root filesystem, the rendered chart, cdi-e2e). Checks:
-#   - deploy/dra and the chart as hack/dra/build.sh rendered it with deploy/dra/values.yaml,
-#     applied server-side on a node labelled as docs/sharing.md says (the device plugin off);
+#   - deploy/dra and the chart as hack/dra/build.sh rendered it with deploy/dra/values.yaml
+#     (its CRDs included, as helm install applies them), applied server-side on a node
+#     labelled as docs/sharing.md says (the device plugin off);
 #   - the kubelet plugin starts (its init container finds nvidia-smi in /run/nvidia/driver) and
 #     publishes a ResourceSlice with one gpu device per GPU of the service's status, named as
 #     the GPU is (on the GPU host: the H200);
