@@ -11,7 +11,7 @@
 #     labelled as docs/sharing.md says (the device plugin off);
 #   - the kubelet plugin starts (its init container finds nvidia-smi in /run/nvidia/driver) and
 #     publishes a ResourceSlice with one gpu device per GPU of the service's status, named as
-#     the GPU is (on the GPU host: the H200);
+#     the GPU is (on the GPU host: its card, an H200 or an H100, as its kernel driver names it);
 #   - a pod with the ResourceClaim of deploy/dra/examples/gpu.yaml runs once the scheduler has
 #     allocated the claim, and sees exactly its GPU's device node (the one the kubelet plugin's
 #     CDI spec for the claim names) with the control nodes; on the GPU host its log shows the
@@ -104,8 +104,9 @@ slices | sed 's/^/    /'
 want_n=$(python3 -c 'import json; print(len(json.load(open("/run/nvidia-driver/status.json")).get("gpus") or []))' 2>/dev/null)
 check "one gpu device per GPU of the service's status ($(gpus_of | wc -l) of $want_n)" test "$(gpus_of | wc -l)" = "$want_n" -a "${want_n:-0}" -gt 0
 if [[ $sim == 0 ]]; then
+	model=$(host_gpu_model)
 	products=$(gpus_of | cut -f4 | sort -u)
-	check "the ResourceSlice shows the H200 (productName $products)" grep -q 'H200' <<<"$products"
+	check "the ResourceSlice shows the host's card, $model (productName $products)" grep -qxF "${model:-?}" <<<"$products"
 fi
 
 # --- the workload
@@ -194,7 +195,7 @@ for p in dra-a dra-b; do
 		# The simulated UUIDs end in the GPU's minor (hack/sim-node/simnvml).
 		check "$p: that node is the allocated GPU's (uuid $uuid)" test "$got" = "nvidia$((16#${uuid: -12}))"
 	else
-		check "$p: nvidia-smi -L lists the H200, the claim's GPU" grep -q "^GPU 0: NVIDIA H200.*$uuid" <<<"$out"
+		check "$p: nvidia-smi -L lists the host's $model, the claim's GPU" grep -qF "GPU 0: $model (UUID: $uuid)" <<<"$out"
 		check "$p: the CUDA vector add is right on the GPU" grep -q '^vecadd: 4194304 elements ok' <<<"$out"
 	fi
 done
