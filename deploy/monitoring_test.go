@@ -16,6 +16,11 @@ import (
 	"sigs.k8s.io/yaml"
 )
 
+// kubePrometheusStackRelease is the release label the ServiceMonitor and PrometheusRule carry:
+// kube-prometheus-stack's Prometheus selects by its Helm release's name, and this is the name
+// its install instructions use.
+const kubePrometheusStackRelease = "kube-prometheus-stack"
+
 const (
 	rulesFile          = "monitoring/gpu.rules.yaml"
 	prometheusRuleFile = "monitoring/prometheusrule.yaml"
@@ -79,7 +84,7 @@ func TestPrometheusRuleMatchesRulesFile(t *testing.T) {
 	if *update {
 		var b bytes.Buffer
 		b.WriteString("# Generated from gpu.rules.yaml by `go test ./deploy -run PrometheusRule -update`: edit that file.\n")
-		b.WriteString("apiVersion: monitoring.coreos.com/v1\nkind: PrometheusRule\nmetadata:\n  name: gpu\n  namespace: nvidia-gpu\n  labels:\n    app.kubernetes.io/name: gpu-monitoring\nspec:\n")
+		b.WriteString("apiVersion: monitoring.coreos.com/v1\nkind: PrometheusRule\nmetadata:\n  name: gpu\n  namespace: nvidia-gpu\n  labels:\n    app.kubernetes.io/name: gpu-monitoring\n    release: " + kubePrometheusStackRelease + "\nspec:\n")
 		for _, line := range strings.SplitAfter(string(src), "\n") {
 			if strings.HasPrefix(line, "#") || line == "" {
 				continue
@@ -98,6 +103,7 @@ func TestPrometheusRuleMatchesRulesFile(t *testing.T) {
 	require.NoError(t, yaml.UnmarshalStrict(data, &pr), "%s (regenerate with go test ./deploy -run PrometheusRule -update)", prometheusRuleFile)
 	assert.Equal(t, "monitoring.coreos.com/v1", pr.APIVersion)
 	assert.Equal(t, "PrometheusRule", pr.Kind)
+	assert.Equal(t, kubePrometheusStackRelease, pr.Metadata.Labels["release"], "kube-prometheus-stack selects rules by it (docs/kubernetes.md)")
 	assert.Equal(t, loadRules(t), pr.Spec, "%s differs from %s: go test ./deploy -run PrometheusRule -update", prometheusRuleFile, rulesFile)
 }
 
@@ -242,7 +248,146 @@ func TestMonitoringKustomization(t *testing.T) {
 		if head.Kind == "ConfigMap" {
 			assert.Equal(t, "1", head.Metadata.Labels["grafana_dashboard"])
 			assert.Len(t, head.Data, 5)
+		} else {
+			assert.Equal(t, kubePrometheusStackRelease, head.Metadata.Labels["release"], "%s: kube-prometheus-stack selects by it", head.Kind)
 		}
 	}
 	assert.Equal(t, map[string]int{"PrometheusRule": 1, "ServiceMonitor": 1, "ConfigMap": 1}, kinds)
+}
+
+// docBlock returns the YAML code block of docs/<page> that contains marker.
+func docBlock(t *testing.T, page, marker string) string {
+	t.Helper()
+	data, err := os.ReadFile(filepath.Join(root, "docs", page))
+	require.NoError(t, err)
+	for _, part := range strings.Split(string(data), "```yaml\n")[1:] {
+		block, _, ok := strings.Cut(part, "\n```")
+		if ok && strings.Contains(block, marker) {
+			return block + "\n"
+		}
+	}
+	require.FailNow(t, "no YAML block with "+marker, "docs/%s", page)
+	return ""
+}
+
+// TestMonitoringReleaseOverlay: the kustomization docs/kubernetes.md shows for another
+// kube-prometheus-stack release name builds against deploy/monitoring and relabels both the
+// ServiceMonitor and the PrometheusRule, leaving their selectors alone.
+func TestMonitoringReleaseOverlay(t *testing.T) {
+	block := docBlock(t, "kubernetes.md", "kind: Kustomization")
+	var k struct {
+		Resources []string `json:"resources"`
+		Labels    []struct {
+			Pairs map[string]string `json:"pairs"`
+		} `json:"labels"`
+	}
+	require.NoError(t, yaml.Unmarshal([]byte(block), &k))
+	require.Equal(t, []string{"../nvidia-driver/deploy/monitoring"}, k.Resources, "the docs' overlay names deploy/monitoring of a checkout beside it")
+	require.Len(t, k.Labels, 1)
+	release := k.Labels[0].Pairs["release"]
+	require.NotEmpty(t, release)
+	require.NotEqual(t, kubePrometheusStackRelease, release, "the example shows another name")
+
+	// The overlay beside a checkout named nvidia-driver, as the docs lay it out.
+	top := t.TempDir()
+	abs, err := filepath.Abs(filepath.Join(root, "deploy"))
+	require.NoError(t, err)
+	require.NoError(t, os.MkdirAll(filepath.Join(top, "nvidia-driver"), 0o755))
+	require.NoError(t, os.Symlink(abs, filepath.Join(top, "nvidia-driver", "deploy")))
+	overlay := filepath.Join(top, "overlay")
+	require.NoError(t, os.MkdirAll(overlay, 0o755))
+	require.NoError(t, os.WriteFile(filepath.Join(overlay, "kustomization.yaml"), []byte(block), 0o644))
+
+	out := run(t, nil, tool(t, "kustomize"), "build", overlay)
+	relabelled := 0
+	for _, doc := range splitDocs(out) {
+		var obj struct {
+			Kind     string `json:"kind"`
+			Metadata struct {
+				Labels map[string]string `json:"labels"`
+			} `json:"metadata"`
+			Spec struct {
+				Selector struct {
+					MatchLabels map[string]string `json:"matchLabels"`
+				} `json:"selector"`
+			} `json:"spec"`
+		}
+		require.NoError(t, yaml.Unmarshal(doc, &obj))
+		if obj.Kind == "ServiceMonitor" || obj.Kind == "PrometheusRule" {
+			relabelled++
+			assert.Equal(t, release, obj.Metadata.Labels["release"], obj.Kind)
+		}
+		if obj.Kind == "ServiceMonitor" {
+			assert.Equal(t, map[string]string{"app.kubernetes.io/name": "dcgm-exporter"}, obj.Spec.Selector.MatchLabels, "the selector stays the exporter's")
+		}
+	}
+	assert.Equal(t, 2, relabelled)
+}
+
+// kubernetesSD is the part of Prometheus's kubernetes_sd_config the docs use, decoded strictly.
+type kubernetesSD struct {
+	Role       string `json:"role"`
+	Namespaces struct {
+		Names []string `json:"names"`
+	} `json:"namespaces"`
+}
+
+// TestScrapeConfigPromtool: the scrape configuration docs/kubernetes.md gives a Prometheus
+// without the operator passes promtool, keeps the exporter's labels and targets the port
+// and labels of deploy/dcgm-exporter's Service; a slip in it fails promtool. Debian's
+// promtool is built without Kubernetes discovery, so promtool checks the job with a static
+// target in its place, and the kubernetes_sd_configs block is decoded strictly here.
+func TestScrapeConfigPromtool(t *testing.T) {
+	promtool := tool(t, "promtool")
+	block := docBlock(t, "kubernetes.md", "scrape_configs:")
+
+	var doc map[string]any
+	require.NoError(t, yaml.Unmarshal([]byte(block), &doc))
+	jobs, _ := doc["scrape_configs"].([]any)
+	require.Len(t, jobs, 1)
+	job, _ := jobs[0].(map[string]any)
+	sdRaw, err := yaml.Marshal(job["kubernetes_sd_configs"])
+	require.NoError(t, err)
+	var sds []kubernetesSD
+	require.NoError(t, yaml.UnmarshalStrict(sdRaw, &sds), "%s", sdRaw)
+	require.Len(t, sds, 1)
+	assert.Equal(t, "endpoints", sds[0].Role)
+	assert.Equal(t, []string{"nvidia-gpu"}, sds[0].Namespaces.Names, "deploy/'s namespace")
+
+	delete(job, "kubernetes_sd_configs")
+	job["static_configs"] = []any{map[string]any{"targets": []any{"dcgm-exporter.nvidia-gpu.svc:9400"}}}
+	static, err := yaml.Marshal(doc)
+	require.NoError(t, err)
+	dir := t.TempDir()
+	cfg := filepath.Join(dir, "prometheus.yml")
+	require.NoError(t, os.WriteFile(cfg, static, 0o644))
+	t.Logf("%s", run(t, nil, promtool, "check", "config", cfg))
+	block = string(static)
+
+	var sc struct {
+		ScrapeConfigs []struct {
+			HonorLabels    bool `json:"honor_labels"`
+			RelabelConfigs []struct {
+				SourceLabels []string `json:"source_labels"`
+				Regex        string   `json:"regex"`
+				Action       string   `json:"action"`
+			} `json:"relabel_configs"`
+		} `json:"scrape_configs"`
+	}
+	require.NoError(t, yaml.Unmarshal([]byte(block), &sc))
+	require.Len(t, sc.ScrapeConfigs, 1)
+	assert.True(t, sc.ScrapeConfigs[0].HonorLabels, "the rules use the exporter's namespace/pod labels")
+	svc, err := os.ReadFile("dcgm-exporter/service.yaml")
+	require.NoError(t, err)
+	assert.Contains(t, string(svc), "app.kubernetes.io/name: dcgm-exporter")
+	assert.Contains(t, string(svc), "- name: metrics")
+	require.NotEmpty(t, sc.ScrapeConfigs[0].RelabelConfigs)
+	assert.Equal(t, "dcgm-exporter;metrics", sc.ScrapeConfigs[0].RelabelConfigs[0].Regex)
+
+	// The control: an unknown key fails promtool.
+	require.NoError(t, os.WriteFile(cfg, []byte(strings.Replace(block, "honor_labels:", "honour_labels:", 1)), 0o644))
+	bad := exec.Command(promtool, "check", "config", cfg)
+	outBad, err := bad.CombinedOutput()
+	require.Error(t, err, "%s", outBad)
+	assert.Contains(t, string(outBad), "honour_labels")
 }
