@@ -159,7 +159,7 @@ func TestMachineConfigPatches(t *testing.T) {
 	for _, path := range examples {
 		data, err := os.ReadFile(path)
 		require.NoError(t, err)
-		if !patchLike.Match(data) {
+		if _, ok := talospatch.DocRelease(string(data)); !ok {
 			continue // a Kubernetes manifest
 		}
 		seen++
@@ -212,10 +212,9 @@ func TestExamplePods(t *testing.T) {
 }
 
 var (
-	fence     = regexp.MustCompile("^```")
-	repoPath  = regexp.MustCompile("(?:^|[\\s`(])((?:deploy|docs|hack|pkg)/[A-Za-z0-9_./-]*[A-Za-z0-9_])")
-	makeCall  = regexp.MustCompile("(?m)(?:`|^\\s*)make ([a-z](?:[a-z0-9.-]*[a-z0-9])?)") // in code, not prose; test-talos-node-1.13
-	patchLike = regexp.MustCompile(`(?m)^(machine|cluster):|^kind: (ExtensionServiceConfig|KernelModuleConfig|KubeletConfig|KubeNodeConfig)`)
+	fence    = regexp.MustCompile("^```")
+	repoPath = regexp.MustCompile("(?:^|[\\s`(])((?:deploy|docs|hack|pkg)/[A-Za-z0-9_./-]*[A-Za-z0-9_])")
+	makeCall = regexp.MustCompile("(?m)(?:`|^\\s*)make ([a-z](?:[a-z0-9.-]*[a-z0-9])?)") // in code, not prose; test-talos-node-1.13
 )
 
 type block struct {
@@ -261,20 +260,23 @@ func codeBlocks(t *testing.T, file string) []block {
 
 // Every machine config patch shown in the docs validates like the example files, and
 // one that names its file on its first line (`# docs/examples/NAME`) is that file
-// verbatim. A 1.14 patch (`# docs/examples/talos-1.14/NAME`) is only compared here: its
-// documents are 1.14's, which hack/talos-machinery/talos114 validates; an unnamed one fails here.
+// verbatim. A 1.14 patch (named under talos-1.14/, or made of 1.14's documents:
+// talospatch.DocRelease) is only compared here: hack/talos-machinery/talos114 validates it,
+// as it does every patch written for both releases; hack/talos-machinery/talos113 validates
+// the 1.13 ones on v1.13.9.
 func TestDocsPatchesValidate(t *testing.T) {
 	input := workerConfig(t)
 	shown := 0
 	for _, file := range markdownFiles(t) {
 		for _, b := range codeBlocks(t, file) {
-			if !patchLike.MatchString(b.text) {
+			release, ok := talospatch.DocRelease(b.text)
+			if !ok {
 				continue
 			}
 			shown++
 			t.Run(fmt.Sprintf("%s:%d", filepath.Base(b.file), b.line), func(t *testing.T) {
 				first, _, _ := strings.Cut(b.text, "\n")
-				if !strings.HasPrefix(first, "# docs/examples/talos-1.14/") {
+				if release != talospatch.Release114 {
 					applyPatch(t, input, []byte(b.text))
 				}
 				if name, ok := strings.CutPrefix(first, "# docs/examples/"); ok {

@@ -173,3 +173,20 @@ func TestPatches114On113(t *testing.T) {
 		assert.Contains(t, err.Error(), "KubeNodeConfig", name)
 	}
 }
+
+// TestDocPatches113: every patch a page of docs/ or the README shows, written for 1.13 or for
+// both releases (talospatch.DocRelease), loads, merges and validates strictly on v1.13.9's
+// worker config (with the 1.13 GPU worker patch under it, as the docs apply them), so that a
+// 1.14 document or key in a 1.13 patch fails here.
+func TestDocPatches113(t *testing.T) {
+	root, err := filepath.Abs(filepath.Join(examples(t), "..", ".."))
+	require.NoError(t, err)
+
+	patches, err := talospatch.DocPatchesFor(root, talospatch.Release113)
+	require.NoError(t, err)
+	require.NotEmpty(t, patches)
+
+	for _, p := range patches {
+		t.Run(p.Where, func(t *testing.T) { apply(t, example(t, "talos-1.13/gpu-worker.patch.yaml"), []byte(p.Text)) })
+	}
+}

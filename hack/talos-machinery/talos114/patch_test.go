@@ -329,3 +329,39 @@ func TestUninstallPatches114(t *testing.T) {
 	require.Error(t, err)
 	assert.Contains(t, err.Error(), "lookup failed")
 }
+
+// TestDocPatches114: every patch a page of docs/ or the README shows, written for 1.14 or for
+// both releases (talospatch.DocRelease), loads strictly, merges with 1.14's configpatcher
+// onto the worker config 1.14's generate makes (with the 1.14 GPU worker patch under it, as
+// the docs apply them) and validates strictly in metal mode with no warning added, so that a
+// 1.13 key in a 1.14 page's patch fails here.
+func TestDocPatches114(t *testing.T) {
+	patches, err := talospatch.DocPatchesFor(testutil.RepoRoot(t), talospatch.Release114)
+	require.NoError(t, err)
+	require.NotEmpty(t, patches)
+
+	for _, p := range patches {
+		t.Run(p.Where, func(t *testing.T) { apply(t, example(t, "talos-1.14/gpu-worker.patch.yaml"), []byte(p.Text)) })
+	}
+}
+
+// TestDocPatchChecksFail114: the classification and the check fail on slips of their kind: a
+// 1.13 key in a patch a 1.14 page shows is a 1.13 patch, which 1.14's config refuses; a 1.14
+// document is never taken for a patch of both releases.
+func TestDocPatchChecksFail114(t *testing.T) {
+	slip := "machine:\n  nodeLabels:\n    nvidia.com/gpu.present: \"true\"\n  kubelet:\n    extraConfig:\n      registerWithTaints: []\n"
+	release, ok := talospatch.DocRelease(slip)
+	require.True(t, ok)
+	assert.Equal(t, talospatch.Release113, release)
+
+	_, _, err := talospatch.ApplyAndValidate(worker(t), []byte(slip))
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "already set in v1alpha1 config")
+
+	release, ok = talospatch.DocRelease("apiVersion: v1alpha1\nkind: KubeNodeConfig\nlabels: {}\n---\napiVersion: v1alpha1\nkind: ExtensionServiceConfig\nname: nvidia-driver\n")
+	require.True(t, ok)
+	assert.Equal(t, talospatch.Release114, release)
+
+	_, ok = talospatch.DocRelease("apiVersion: v1\nkind: Pod\n")
+	assert.False(t, ok)
+}
