@@ -13,14 +13,12 @@ import (
 	"bytes"
 	"crypto/rand"
 	"encoding/hex"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io/fs"
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 
 	"golang.org/x/sys/unix"
 )
@@ -336,44 +334,4 @@ func Remove(path string) error {
 	}
 
 	return nil
-}
-
-// JSONFile keeps a value and writes it whole, as indented JSON, atomically, on every
-// change: a status file that readers poll.
-type JSONFile[T any] struct {
-	mu   sync.Mutex
-	path string
-	cur  T
-}
-
-// NewJSONFile returns a file at path holding initial; nothing is written until Update.
-func NewJSONFile[T any](path string, initial T) *JSONFile[T] {
-	return &JSONFile[T]{path: path, cur: initial}
-}
-
-// Update changes the value with f and writes it; the value changes even when the write fails.
-func (j *JSONFile[T]) Update(f func(*T)) (T, error) {
-	j.mu.Lock()
-	defer j.mu.Unlock()
-
-	f(&j.cur)
-
-	data, err := json.MarshalIndent(j.cur, "", "  ")
-	if err != nil {
-		return j.cur, fmt.Errorf("encoding %s: %w", j.path, err)
-	}
-
-	if _, err := Write(j.path, append(data, '\n'), 0o644); err != nil {
-		return j.cur, fmt.Errorf("writing status: %w", err)
-	}
-
-	return j.cur, nil
-}
-
-// Get returns the value.
-func (j *JSONFile[T]) Get() T {
-	j.mu.Lock()
-	defer j.mu.Unlock()
-
-	return j.cur
 }

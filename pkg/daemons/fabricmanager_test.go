@@ -16,6 +16,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/talos-nvidia/nvidia-driver/pkg/daemons"
+	"github.com/talos-nvidia/nvidia-driver/pkg/poll"
 )
 
 // fmFixture is nv-fabricmanager run from a fake subroot: the fake daemon in its fabric
@@ -65,7 +66,7 @@ func (f *fixture) starts(t *testing.T) int {
 // output in the log, restarted when it dies, stopped with SIGTERM.
 func TestFabricManagerSupervised(t *testing.T) {
 	f := newFMFixture(t, "ok", freePort(t))
-	s, stop := f.run(t, daemons.Options{BackoffInitial: 10 * time.Millisecond})
+	s, stop := f.run(t, daemons.Options{Backoff: poll.Backoff{Initial: 10 * time.Millisecond}})
 	waitReady(t, s)
 
 	first := s.Status().PID
@@ -137,7 +138,7 @@ func TestFabricManagerCannotRun(t *testing.T) {
 	} {
 		t.Run(tc.mode, func(t *testing.T) {
 			f := newFMFixture(t, tc.mode, freePort(t))
-			s, _ := f.run(t, daemons.Options{BackoffInitial: time.Millisecond, MaxStartFailures: 3})
+			s, _ := f.run(t, daemons.Options{Backoff: poll.Backoff{Initial: time.Millisecond}, MaxStartFailures: 3})
 			select {
 			case <-s.Done():
 			case <-time.After(10 * time.Second):

@@ -27,6 +27,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/talos-nvidia/nvidia-driver/pkg/poll"
 )
 
 // State is where a supervised daemon is in its life.
@@ -67,10 +69,9 @@ type Options struct {
 	// ready, after which Run gives up with StateFailed (3). Once the daemon has
 	// been ready, failures are retried for ever.
 	MaxStartFailures int
-	// BackoffInitial and BackoffMax bound the wait before a restart; the wait
-	// doubles on every quick failure (200 ms, 30 s).
-	BackoffInitial time.Duration
-	BackoffMax     time.Duration
+	// Backoff bounds the wait before a restart; the wait doubles on every quick
+	// failure (200 ms, 30 s).
+	Backoff poll.Backoff
 	// StableAfter: a daemon that dies after being up this long is restarted
 	// after RestartDelay only, and the backoff starts again (30 s).
 	StableAfter time.Duration
@@ -100,8 +101,8 @@ func (o Options) withDefaults() Options {
 		}
 	}
 	def(&o.StartTimeout, 60*time.Second)
-	def(&o.BackoffInitial, 200*time.Millisecond)
-	def(&o.BackoffMax, 30*time.Second)
+	def(&o.Backoff.Initial, 200*time.Millisecond)
+	def(&o.Backoff.Max, 30*time.Second)
 	def(&o.StableAfter, 30*time.Second)
 	def(&o.RestartDelay, 500*time.Millisecond)
 	def(&o.StopGrace, 5*time.Second)
@@ -314,7 +315,7 @@ func (s *Supervisor) Run(ctx context.Context) (err error) {
 				s.log.Error("giving up", "error", err)
 				return err
 			}
-			backoff = s.nextBackoff(backoff)
+			backoff = s.opts.Backoff.Next(backoff)
 			s.setState(StateRestarting, 0, err)
 			s.log.Warn("start failed; retrying", "error", err, "failures", failures, "backoff", backoff)
 			if stop := s.pause(ctx, backoff); stop {
@@ -339,7 +340,7 @@ func (s *Supervisor) Run(ctx context.Context) (err error) {
 			if up >= s.opts.StableAfter {
 				backoff = 0
 			} else {
-				backoff = s.nextBackoff(backoff)
+				backoff = s.opts.Backoff.Next(backoff)
 			}
 			derr := fmt.Errorf("%s (pid %d) died after %s: %s", s.spec.Name, p.pid, up.Round(time.Millisecond), how)
 			s.setState(StateRestarting, 0, derr)
@@ -386,13 +387,6 @@ func (s *Supervisor) Run(ctx context.Context) (err error) {
 			}
 		}
 	}
-}
-
-func (s *Supervisor) nextBackoff(cur time.Duration) time.Duration {
-	if cur <= 0 {
-		return s.opts.BackoffInitial
-	}
-	return min(2*cur, s.opts.BackoffMax)
 }
 
 // pause waits d, serving suspend requests; it reports whether ctx ended.

@@ -19,16 +19,16 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/talos-nvidia/nvidia-driver/pkg/daemons"
+	"github.com/talos-nvidia/nvidia-driver/pkg/poll"
 )
 
 // fast makes backoff and polling small so that tests run quickly.
 var fast = daemons.Options{
-	StartTimeout:   5 * time.Second,
-	BackoffInitial: time.Millisecond,
-	BackoffMax:     5 * time.Millisecond,
-	StopGrace:      2 * time.Second,
-	PollInterval:   time.Millisecond,
-	RestartDelay:   time.Millisecond,
+	StartTimeout: 5 * time.Second,
+	Backoff:      poll.Backoff{Initial: time.Millisecond, Max: 5 * time.Millisecond},
+	StopGrace:    2 * time.Second,
+	PollInterval: time.Millisecond,
+	RestartDelay: time.Millisecond,
 }
 
 // lockHolder returns the pid holding the pid file's lock (0: none or outside our PID namespace) and whether it is locked.
@@ -291,7 +291,7 @@ func TestStopKillsDaemonThatIgnoresSIGTERM(t *testing.T) {
 
 func TestDefaultStopFitsTalosBudget(t *testing.T) {
 	f := newFixture(t, "hang-term")
-	s, stop := f.run(t, daemons.Options{BackoffInitial: time.Millisecond, PollInterval: time.Millisecond})
+	s, stop := f.run(t, daemons.Options{Backoff: poll.Backoff{Initial: time.Millisecond}, PollInterval: time.Millisecond})
 	waitReady(t, s)
 	start := time.Now()
 	require.NoError(t, stop())

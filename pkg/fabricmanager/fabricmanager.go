@@ -35,6 +35,7 @@ import (
 	"github.com/talos-nvidia/nvidia-driver/pkg/gpu"
 	"github.com/talos-nvidia/nvidia-driver/pkg/nvswitch"
 	"github.com/talos-nvidia/nvidia-driver/pkg/poll"
+	"github.com/talos-nvidia/nvidia-driver/pkg/report"
 )
 
 // FabricReader reads the GPUs' NVLink fabric registration (NVML, in a child process on a node).
@@ -65,7 +66,7 @@ type Service struct {
 	log    *slog.Logger
 	cfg    Config
 	nvml   FabricReader
-	status *statusFile
+	status *report.Status[Status]
 }
 
 // New returns the service; Run runs it.
@@ -78,11 +79,11 @@ func New(log *slog.Logger, cfg Config, nvml FabricReader) *Service {
 		cfg.PollMax = 30 * time.Second
 	}
 
-	return &Service{log: log, cfg: cfg, nvml: nvml, status: newStatusFile(cfg.host(StatusFile))}
+	return &Service{log: log, cfg: cfg, nvml: nvml, status: newStatus(log, cfg.host(StatusFile))}
 }
 
 // Status returns the latest status.
-func (s *Service) Status() Status { return s.status.get() }
+func (s *Service) Status() Status { return s.status.Get() }
 
 // Run runs the service until ctx ends and returns nil then: whatever it meets is reported
 // and waited on, never returned (an exit would be restarted by Talos in a loop).
@@ -104,23 +105,12 @@ func (s *Service) Run(ctx context.Context) error {
 }
 
 func (s *Service) run(ctx context.Context) {
-	version := s.cfg.host("/proc/driver/nvidia/version")
-	if !s.waitFor(ctx, "the nvidia kernel module (machine.kernel.modules in the machine config)", func() error {
-		if _, err := os.Stat(version); err != nil {
-			return fmt.Errorf("%s is missing", version)
-		}
-
-		return nil
-	}) {
+	if !s.waitFor(ctx, gpu.ModuleWait, func() error { return gpu.DriverLoaded(s.cfg.HostRoot) }) {
 		return
 	}
 
-	board, err := nvswitch.Detect(s.cfg.HostRoot)
-	if err != nil {
-		s.log.Warn("cannot read the whole NVSwitch board; going on with what was read", "error", err)
-	}
-
-	s.status.update(func(st *Status) { st.Board = board }) //nolint:errcheck // reported by report()
+	board := nvswitch.Read(s.log, s.cfg.HostRoot)
+	s.status.Update(func(st *Status) { st.Board = board })
 
 	if !board.HasNVSwitch() {
 		s.report(StateNoNVSwitch, "no NVSwitch on this board: no fabric manager is needed; the service idles", "")
@@ -128,7 +118,7 @@ func (s *Service) run(ctx context.Context) {
 		return
 	}
 
-	s.log.Info("NVSwitch board", "board", board.String(), "arch", board.Arch, "pci", board.PCI, "driver", board.Driver, "nvlink5", board.NVLink5)
+	board.Log(s.log)
 
 	switch {
 	case len(board.Driver) == 0 && len(board.NVLink5) > 0:
@@ -250,7 +240,7 @@ func (s *Service) supervise(ctx context.Context, spec daemons.Spec, board nvswit
 
 // daemonState reports the supervisor's state of a running supervision.
 func (s *Service) daemonState(d daemons.Status, board nvswitch.Board) {
-	s.status.update(func(st *Status) { st.Daemon, st.Restarts = d.State, d.Restarts }) //nolint:errcheck // reported by report()
+	s.status.Update(func(st *Status) { st.Daemon, st.Restarts = d.State, d.Restarts })
 
 	switch d.State {
 	case daemons.StateStarting:
@@ -279,7 +269,7 @@ func (s *Service) daemonState(d daemons.Status, board nvswitch.Board) {
 
 // ended reports why a supervision ended.
 func (s *Service) ended(ctx context.Context, d daemons.Status, err error) {
-	s.status.update(func(st *Status) { st.Daemon, st.Restarts = d.State, d.Restarts }) //nolint:errcheck // reported by report()
+	s.status.Update(func(st *Status) { st.Daemon, st.Restarts = d.State, d.Restarts })
 
 	var (
 		foreign  *daemons.ForeignDaemonError
@@ -336,33 +326,18 @@ func nodePaths(nodes []devnodes.Node) []string {
 // waitFor calls check until it succeeds, with backoff, reporting each distinct reason once.
 // It says whether check succeeded (false: ctx ended).
 func (s *Service) waitFor(ctx context.Context, what string, check func() error) bool {
-	return poll.Until(ctx, s.cfg.PollInitial, s.cfg.PollMax, check, nil, func(err error) {
-		s.report(StateWaiting, fmt.Sprintf("waiting for %s: %s", what, err), "")
-	}) == nil
+	b := poll.Backoff{Initial: s.cfg.PollInitial, Max: s.cfg.PollMax}
+
+	return s.status.Wait(ctx, b, StateWaiting, "waiting for "+what, check) == nil
 }
 
 func (s *Service) report(state, msg, action string) {
-	st, err := s.status.update(func(st *Status) { st.State, st.Message, st.Action = state, msg, action })
-
-	level := slog.LevelInfo
-
-	switch state {
-	case StateNotRunning:
-		level = slog.LevelError
-	case StateWaiting, StateRestarting:
-		level = slog.LevelWarn
-	}
-
-	args := []any{"state", st.State}
+	var args []any
 	if action != "" {
-		args = append(args, "action", action)
+		args = []any{"action", action}
 	}
 
-	s.log.Log(context.Background(), level, msg, args...)
-
-	if err != nil {
-		s.log.Error("cannot write the status file", "error", err)
-	}
+	s.status.Report(state, msg, func(st *Status) { st.Action = action }, args...)
 }
 
 // holdLock takes an open file description lock on path for the service's lifetime. Unlike a

@@ -5,13 +5,14 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"time"
 
-	"github.com/talos-nvidia/nvidia-driver/pkg/atomicfile"
 	"github.com/talos-nvidia/nvidia-driver/pkg/daemons"
 	"github.com/talos-nvidia/nvidia-driver/pkg/nvswitch"
+	"github.com/talos-nvidia/nvidia-driver/pkg/report"
 )
 
 // Host paths of the service. RunDir is where nv-fabricmanager keeps its config, state file
@@ -56,18 +57,15 @@ type Status struct {
 // Running says whether a fabric manager does its job, according to this status.
 func (s Status) Running() bool { return s.State == StateRunning || s.State == StateForeign }
 
-// statusFile keeps the latest status and writes it on every change.
-type statusFile struct{ *atomicfile.JSONFile[Status] }
-
-func newStatusFile(path string) *statusFile {
-	return &statusFile{atomicfile.NewJSONFile(path, Status{})}
+// newStatus is the service's status, kept in its file; a report logs at its state's level.
+func newStatus(log *slog.Logger, path string) *report.Status[Status] {
+	return report.New(log, path, Status{}, report.Shape[Status]{
+		Key:    "state",
+		Set:    func(s *Status, state, msg string) { s.State, s.Message = state, msg },
+		Stamp:  func(s *Status, at time.Time) { s.Updated = at },
+		Levels: map[string]slog.Level{StateNotRunning: slog.LevelError, StateWaiting: slog.LevelWarn, StateRestarting: slog.LevelWarn},
+	})
 }
-
-func (s *statusFile) update(f func(*Status)) (Status, error) {
-	return s.Update(func(st *Status) { f(st); st.Updated = time.Now().UTC() })
-}
-
-func (s *statusFile) get() Status { return s.Get() }
 
 // Observation is what another service sees of this one on the host.
 type Observation struct {

@@ -6,6 +6,7 @@ package gpu
 import (
 	"errors"
 	"fmt"
+	"os"
 	"path/filepath"
 	"strings"
 
@@ -239,4 +240,19 @@ func busID(p nvml.PciInfo) string {
 	}
 
 	return string(b)
+}
+
+// ModuleWait names the first thing both services wait for: the nvidia module, which the
+// machine config loads.
+const ModuleWait = "the nvidia kernel module (machine.kernel.modules in the machine config)"
+
+// DriverLoaded returns ErrNoDriver while the nvidia module's /proc/driver/nvidia/version is
+// missing under hostRoot.
+func DriverLoaded(hostRoot string) error {
+	p := filepath.Join(hostRoot, "proc/driver/nvidia/version")
+	if _, err := os.Stat(p); err != nil {
+		return fmt.Errorf("%w: %s is missing", ErrNoDriver, p)
+	}
+
+	return nil
 }

@@ -2,6 +2,7 @@ package node
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -12,6 +13,7 @@ import (
 	"github.com/talos-nvidia/nvidia-driver/pkg/fabricmanager"
 	"github.com/talos-nvidia/nvidia-driver/pkg/gpu"
 	"github.com/talos-nvidia/nvidia-driver/pkg/nvswitch"
+	"github.com/talos-nvidia/nvidia-driver/pkg/poll"
 )
 
 // States of the NVLink fabric on an NVSwitch board.
@@ -53,16 +55,12 @@ type fabricJob struct {
 // no restart of this one stops it. Nothing here stops the bring-up: where no fabric manager
 // runs, the GPUs are still served and the status says why.
 func (r *Runner) bringUpFabric(ctx context.Context) {
-	board, err := nvswitch.Detect(r.cfg.HostRoot)
-	if err != nil {
-		r.log.Warn("cannot read the whole NVSwitch board; going on with what was read", "error", err)
-	}
-
+	board := nvswitch.Read(r.log, r.cfg.HostRoot)
 	if !board.HasNVSwitch() {
 		return
 	}
 
-	r.log.Info("NVSwitch board", "board", board.String(), "arch", board.Arch, "pci", board.PCI, "driver", board.Driver, "nvlink5", board.NVLink5)
+	board.Log(r.log)
 	r.mirrorFabricManager()
 
 	st := &Fabric{Board: board}
@@ -110,49 +108,49 @@ func (r *Runner) fabricManager(st *Fabric) (notRun string, hopeless bool) {
 // registration is complete, no fabric manager can come, or bound has passed, reporting each
 // distinct wait once, and records the outcome.
 func (r *Runner) waitFabric(ctx context.Context, st *Fabric, bound time.Duration) {
-	deadline := time.Now().Add(bound)
-	delay := r.wait.Initial
-	last := ""
+	var (
+		states          []gpu.FabricState
+		pending, failed []gpu.FabricState
+		notRun          string
+		readErr         error
+	)
 
-	for {
-		states, err := r.jobs.FabricStates(ctx)
-		pending, failed := fabricSummary(states)
-		notRun, hopeless := r.fabricManager(st)
+	b := r.wait
+	b.Within = bound
+
+	err := b.Until(ctx, func() error {
+		var hopeless bool
+
+		states, readErr = r.jobs.FabricStates(ctx)
+		pending, failed = fabricSummary(states)
+		notRun, hopeless = r.fabricManager(st)
 
 		switch {
-		case err == nil && len(pending) == 0:
-			st.GPUs = states
-			st.State, st.Message = fabricOutcome(states, failed, notRun, st.Manager)
-			r.setFabric(st)
-
-			return
-		case ctx.Err() != nil:
-			return
-		case hopeless || time.Now().After(deadline):
-			st.GPUs = states
-			st.State = FabricDegraded
-			st.Message = fabricNotDone(err, pending, notRun, bound)
-			r.setFabric(st)
-
-			return
+		case readErr == nil && len(pending) == 0:
+			return nil
+		case hopeless:
+			return poll.Permanent(errors.New(notRun))
 		}
 
-		msg := fabricNotDone(err, pending, notRun, 0)
-		if msg != last {
-			st.GPUs, st.State, st.Message = states, FabricWaiting, msg
-			r.setFabric(st)
-			r.report(PhaseWaiting, fmt.Sprintf("waiting for the NVLink fabric: %s", msg))
-			last = msg
-		}
+		return errors.New(fabricNotDone(readErr, pending, notRun, 0))
+	}, func(err error) {
+		st.GPUs, st.State, st.Message = states, FabricWaiting, err.Error()
+		r.setFabric(st)
+		r.report(PhaseWaiting, fmt.Sprintf("waiting for the NVLink fabric: %s", err))
+	})
 
-		select {
-		case <-ctx.Done():
-			return
-		case <-time.After(min(delay, time.Until(deadline)+time.Millisecond)):
-		}
+	st.GPUs = states
 
-		delay = min(delay*2, r.wait.Max)
+	switch {
+	case err == nil:
+		st.State, st.Message = fabricOutcome(states, failed, notRun, st.Manager)
+	case ctx.Err() != nil:
+		return
+	default:
+		st.State, st.Message = FabricDegraded, fabricNotDone(readErr, pending, notRun, bound)
 	}
+
+	r.setFabric(st)
 }
 
 // fabricSummary lists the GPUs still registering and those whose registration failed.
@@ -249,7 +247,7 @@ func fabricNotDone(err error, pending []gpu.FabricState, notRun string, bound ti
 
 func (r *Runner) setFabric(st *Fabric) {
 	cp := *st
-	r.status.update(func(s *Status) { s.Fabric = &cp }) //nolint:errcheck // reported by report()
+	r.status.Update(func(s *Status) { s.Fabric = &cp })
 }
 
 // fabricCondition is the NVLink fabric of a node that is up: a problem while it is not
@@ -257,7 +255,7 @@ func (r *Runner) setFabric(st *Fabric) {
 func (r *Runner) fabricCondition() Condition {
 	c := Condition{Name: ConditionFabric}
 
-	st := r.status.get().Fabric
+	st := r.status.Get().Fabric
 
 	switch {
 	case st == nil:
@@ -279,7 +277,7 @@ const fabricPoll = 5 * time.Second
 // registration. The node turns degraded when its fabric manager stops and ready when the
 // fabric is complete again.
 func (r *Runner) watchFabric(ctx context.Context) {
-	st := r.status.get().Fabric
+	st := r.status.Get().Fabric
 	if st == nil {
 		return
 	}
@@ -289,16 +287,11 @@ func (r *Runner) watchFabric(ctx context.Context) {
 	go func() {
 		defer close(r.fabric.watchDone)
 
-		poll := min(fabricPoll, r.wait.Max)
-		delay := r.wait.Initial
+		every := min(fabricPoll, r.wait.Max)
+		delay := r.wait.Next(0)
 		nextNVML := time.Now().Add(delay)
 
-		for {
-			select {
-			case <-ctx.Done():
-				return
-			case <-time.After(poll):
-			}
+		for poll.Sleep(ctx, every) {
 
 			cur := *st
 			notRun, _ := r.fabricManager(&cur)
@@ -309,7 +302,7 @@ func (r *Runner) watchFabric(ctx context.Context) {
 					states = s
 				}
 
-				delay = min(delay*2, r.wait.Max)
+				delay = r.wait.Next(delay)
 				nextNVML = time.Now().Add(delay)
 			}
 
@@ -327,7 +320,7 @@ func (r *Runner) watchFabric(ctx context.Context) {
 				r.reportUp()
 
 				if cur.Manager != st.Manager {
-					delay = r.wait.Initial
+					delay = r.wait.Next(0)
 				}
 			}
 

@@ -14,7 +14,6 @@ import (
 
 	"github.com/talos-nvidia/nvidia-driver/pkg/gpu"
 	"github.com/talos-nvidia/nvidia-driver/pkg/nfd"
-	"github.com/talos-nvidia/nvidia-driver/pkg/poll"
 )
 
 // labelState is the feature file as the runner keeps it.
@@ -47,7 +46,7 @@ func (r *Runner) labelNode(ctx context.Context, state string, pause bool) {
 	}
 
 	product := ""
-	gpus := r.status.get().GPUs
+	gpus := r.status.Get().GPUs
 	if len(gpus) > 0 {
 		product = gpus[0].Name
 	}
@@ -108,7 +107,7 @@ func (r *Runner) retryLabels(ctx context.Context) {
 	l := &r.labels
 	defer l.wg.Done()
 
-	err := poll.Until(ctx, r.wait.Initial, r.wait.Max, func() error {
+	err := r.wait.Until(ctx, func() error {
 		l.mu.Lock()
 		defer l.mu.Unlock()
 
@@ -122,7 +121,7 @@ func (r *Runner) retryLabels(ctx context.Context) {
 		}
 
 		return err
-	}, nil, func(error) { r.reportUp() })
+	}, func(error) { r.reportUp() })
 
 	if err == nil {
 		r.reportUp()

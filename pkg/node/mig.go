@@ -58,7 +58,7 @@ func (r *Runner) bringUpMIG(ctx context.Context) error {
 			r.log.Error("MIG layout not applied; the node comes up with the GPUs as they are", "layout", r.cfg.MIGLayout, "attempts", attempts, "error", err)
 
 			// GPUs that failed say so in their results; without any, the error is all there is.
-			if len(r.status.get().MIG) == 0 {
+			if len(r.status.Get().MIG) == 0 {
 				r.migProblem = fmt.Errorf("after %d attempts: %w", attempts, err)
 			}
 
@@ -86,7 +86,7 @@ func (r *Runner) migNodeState() string {
 		return string(mig.ResultFailed)
 	}
 
-	return migState(r.status.get().MIG)
+	return migState(r.status.Get().MIG)
 }
 
 // migCondition is the MIG layout's outcome on a node that is up: a problem when the layout,
@@ -99,9 +99,9 @@ func (r *Runner) migCondition() Condition {
 	case r.migProblem != nil:
 		c.Problem = fmt.Sprintf("MIG layout %q not applied, the GPUs are served as they are: %v", r.cfg.MIGLayout, r.migProblem)
 	case state == string(mig.ResultFailed):
-		c.Problem = fmt.Sprintf("MIG layout %q: %s%s", r.cfg.MIGLayout, state, migDetail(r.status.get().MIG))
+		c.Problem = fmt.Sprintf("MIG layout %q: %s%s", r.cfg.MIGLayout, state, migDetail(r.status.Get().MIG))
 	case state != "":
-		c.Note = fmt.Sprintf("MIG layout %q: %s%s", r.cfg.MIGLayout, state, migDetail(r.status.get().MIG))
+		c.Note = fmt.Sprintf("MIG layout %q: %s%s", r.cfg.MIGLayout, state, migDetail(r.status.Get().MIG))
 	}
 
 	return c

@@ -8,7 +8,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"os"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -27,12 +26,11 @@ import (
 	"github.com/talos-nvidia/nvidia-driver/pkg/mig"
 	"github.com/talos-nvidia/nvidia-driver/pkg/nvmljobs"
 	"github.com/talos-nvidia/nvidia-driver/pkg/poll"
+	"github.com/talos-nvidia/nvidia-driver/pkg/report"
 )
 
 // Backoff bounds how often the runner looks again for what it waits for.
-type Backoff struct {
-	Initial, Max time.Duration
-}
+type Backoff = poll.Backoff
 
 // Runner brings up one node.
 type Runner struct {
@@ -41,7 +39,7 @@ type Runner struct {
 	// jobs does the NVML work: in child processes on a node (see nvmljobs).
 	jobs   nvmljobs.Jobs
 	wait   Backoff
-	status *statusFile
+	status *report.Status[Status]
 	// persistenced is our nvidia-persistenced supervisor once started, else nil;
 	// persistencedErr why it could not be started.
 	persistenced    *daemons.Supervisor
@@ -108,7 +106,7 @@ func New(log *slog.Logger, cfg config.Config, jobs nvmljobs.Jobs, opts ...Option
 		cfg:    cfg,
 		jobs:   jobs,
 		wait:   Backoff{Initial: time.Second, Max: 30 * time.Second},
-		status: newStatusFile(cfg.StatusFile(), cfg.Subroot),
+		status: newStatus(log, cfg.StatusFile(), cfg.Subroot),
 	}
 
 	for _, o := range opts {
@@ -123,7 +121,7 @@ func New(log *slog.Logger, cfg config.Config, jobs nvmljobs.Jobs, opts ...Option
 }
 
 // Status returns the latest status.
-func (r *Runner) Status() Status { return r.status.get() }
+func (r *Runner) Status() Status { return r.status.Get() }
 
 // Run brings the node up and then holds it until ctx ends. It returns nil when stopped by
 // ctx, whatever step it was in: a Talos service that exits non-zero on stop is restarted.
@@ -183,7 +181,7 @@ func (r *Runner) bringUp(ctx context.Context) error {
 		return err
 	}
 
-	r.status.update(func(s *Status) { s.DriverVersion = report.DriverVersion }) //nolint:errcheck // reported by report()
+	r.status.Update(func(s *Status) { s.DriverVersion = report.DriverVersion })
 
 	// A bad MIG layout file or name is found now, before anything is mounted; it does not
 	// stop the node from serving its GPUs as they are (mig.go).
@@ -203,9 +201,9 @@ func (r *Runner) bringUp(ctx context.Context) error {
 		return err
 	}
 
-	r.status.update(func(s *Status) { s.DriverRoot = mount }) //nolint:errcheck
+	r.status.Update(func(s *Status) { s.DriverRoot = mount })
 
-	if err := r.waitFor(ctx, "the nvidia kernel module (machine.kernel.modules in the machine config)", r.driverLoaded); err != nil {
+	if err := r.waitFor(ctx, gpu.ModuleWait, func() error { return gpu.DriverLoaded(r.cfg.HostRoot) }); err != nil {
 		return err
 	}
 
@@ -239,7 +237,7 @@ func (r *Runner) bringUp(ctx context.Context) error {
 		// node's GPUs; the module changes only with another extension and a reboot.
 		var undriven *gpu.UndrivenError
 		if errors.As(gpu.CheckDriven(r.cfg.HostRoot), &undriven) {
-			return permanent(undriven)
+			return poll.Permanent(undriven)
 		}
 
 		return err
@@ -248,7 +246,7 @@ func (r *Runner) bringUp(ctx context.Context) error {
 		return err
 	}
 
-	r.status.update(func(s *Status) { s.GPUs = gpus }) //nolint:errcheck
+	r.status.Update(func(s *Status) { s.GPUs = gpus })
 
 	if r.cfg.MIGLayout != "" {
 		if err := r.bringUpMIG(ctx); err != nil {
@@ -260,7 +258,7 @@ func (r *Runner) bringUp(ctx context.Context) error {
 			return err
 		}
 
-		r.status.update(func(s *Status) { s.GPUs = gpus }) //nolint:errcheck
+		r.status.Update(func(s *Status) { s.GPUs = gpus })
 	}
 
 	r.startPersistenced(ctx)
@@ -330,7 +328,7 @@ func (r *Runner) writeCDI(ctx context.Context, wait bool) error {
 	err := r.waitFor(ctx, "a CDI spec of the node's GPUs", func() error {
 		err := r.jobs.WriteCDI(ctx, nvmljobs.CDIRequest{Options: opts, Path: path})
 		if err != nil && (!wait || errors.Is(err, cdi.ErrNoDevices)) {
-			return permanent(err)
+			return poll.Permanent(err)
 		}
 
 		return err
@@ -338,11 +336,11 @@ func (r *Runner) writeCDI(ctx context.Context, wait bool) error {
 
 	switch {
 	case err == nil:
-		r.status.update(func(s *Status) { s.CDISpec = path }) //nolint:errcheck // reported by report()
+		r.status.Update(func(s *Status) { s.CDISpec = path })
 
 		return nil
 	case errors.Is(err, cdi.ErrNoDevices):
-		r.status.update(func(s *Status) { s.CDISpec = "" }) //nolint:errcheck // reported by report()
+		r.status.Update(func(s *Status) { s.CDISpec = "" })
 
 		if rmErr := atomicfile.Remove(path); rmErr != nil {
 			return fmt.Errorf("%w; the spec of the GPUs as they were stays: %w", err, rmErr)
@@ -357,7 +355,7 @@ func (r *Runner) writeCDI(ctx context.Context, wait bool) error {
 // setUp reports the node up, with its MIG layout's outcome and what its CDI spec lacks; the
 // fabric's and persistenced's conditions are added at each report (reportUp).
 func (r *Runner) setUp() {
-	st := r.status.get()
+	st := r.status.Get()
 	up := Up{
 		GPUs:          len(st.GPUs),
 		DriverVersion: st.DriverVersion,
@@ -388,7 +386,7 @@ func (r *Runner) cdiCondition() Condition {
 
 	var bare []string
 
-	for _, g := range r.status.get().GPUs {
+	for _, g := range r.status.Get().GPUs {
 		if g.MIGOn() && len(g.MIGDevices) == 0 {
 			bare = append(bare, strconv.Itoa(g.Index))
 		}
@@ -417,26 +415,10 @@ func (r *Runner) readinessCondition() Condition {
 	return c
 }
 
-// permanentError ends a waitFor: trying again cannot help.
-type permanentError struct{ err error }
-
-func (p permanentError) Error() string { return p.err.Error() }
-
-func permanent(err error) error { return permanentError{err} }
-
-func (r *Runner) driverLoaded() error {
-	p := r.cfg.Host("/proc/driver/nvidia/version")
-	if _, err := os.Stat(p); err != nil {
-		return fmt.Errorf("%w: %s is missing", gpu.ErrNoDriver, p)
-	}
-
-	return nil
-}
-
 // waitFor calls check until it succeeds, with backoff, reporting the wait once per distinct
-// reason; a permanent error ends it.
+// reason; a poll.Permanent error ends it, and so does ctx.
 func (r *Runner) waitFor(ctx context.Context, what string, check func() error) error {
-	return r.poll(ctx, check, func(err error) string { return fmt.Sprintf("waiting for %s: %s", what, err) })
+	return r.status.Wait(ctx, r.wait, PhaseWaiting, "waiting for "+what, check)
 }
 
 // retry does step until it succeeds, as waitFor waits: for a step of the service's own (a
@@ -445,42 +427,10 @@ func (r *Runner) waitFor(ctx context.Context, what string, check func() error) e
 // no restart. The status says what is retried and why, once per distinct error; the node
 // waits meanwhile (PhaseWaiting), since it serves nothing without the step.
 func (r *Runner) retry(ctx context.Context, what string, step func() error) error {
-	return r.poll(ctx, step, func(err error) string { return fmt.Sprintf("retrying %s: %s", what, err) })
+	return r.status.Wait(ctx, r.wait, PhaseWaiting, "retrying "+what, step)
 }
 
-// poll calls check until it succeeds, with the runner's backoff, reporting PhaseWaiting with
-// say's message once per distinct error; a permanent error ends it, and so does ctx.
-func (r *Runner) poll(ctx context.Context, check func() error, say func(error) string) error {
-	err := poll.Until(ctx, r.wait.Initial, r.wait.Max, check,
-		func(err error) bool { var p permanentError; return errors.As(err, &p) },
-		func(err error) { r.report(PhaseWaiting, say(err)) })
-
-	var p permanentError
-	if errors.As(err, &p) {
-		return p.err
-	}
-
-	return err
-}
-
-func (r *Runner) report(phase, msg string) {
-	st, err := r.status.update(func(s *Status) { s.Phase, s.Message = phase, msg })
-
-	level := slog.LevelInfo
-
-	switch phase {
-	case PhaseFailed:
-		level = slog.LevelError
-	case PhaseWaiting, PhaseDegraded:
-		level = slog.LevelWarn
-	}
-
-	r.log.Log(context.Background(), level, msg, "phase", st.Phase)
-
-	if err != nil {
-		r.log.Error("cannot write the status file", "error", err)
-	}
-}
+func (r *Runner) report(phase, msg string) { r.status.Report(phase, msg, nil) }
 
 // maxMIGAttempts bounds the tries of a layout that failed half-way.
 const maxMIGAttempts = 3
@@ -509,7 +459,7 @@ func (r *Runner) applyMIG(ctx context.Context) error {
 	var layoutErr *mig.LayoutError
 	if errors.As(err, &layoutErr) {
 		// Planning failed: nothing was changed, and trying again cannot help.
-		return permanent(fmt.Errorf("MIG layout %q: %w", r.cfg.MIGLayout, err))
+		return poll.Permanent(fmt.Errorf("MIG layout %q: %w", r.cfg.MIGLayout, err))
 	}
 
 	if err != nil && changing {
@@ -525,7 +475,7 @@ func (r *Runner) applyMIG(ctx context.Context) error {
 		return err
 	}
 
-	r.status.update(func(s *Status) { //nolint:errcheck // reported by report()
+	r.status.Update(func(s *Status) {
 		s.MIG = res.GPUs
 		if res.DeviceNodes > 0 {
 			s.DeviceNodes = res.DeviceNodes
@@ -557,7 +507,7 @@ func (r *Runner) syncDeviceNodes() error {
 		return fmt.Errorf("creating device nodes: %w", err)
 	}
 
-	r.status.update(func(s *Status) { s.DeviceNodes = len(nodes.Nodes) }) //nolint:errcheck // reported by report()
+	r.status.Update(func(s *Status) { s.DeviceNodes = len(nodes.Nodes) })
 
 	return nil
 }
@@ -604,7 +554,7 @@ func (r *Runner) startPersistenced(ctx context.Context) {
 		r.log.Error("nvidia-persistenced is not ready; continuing without it", "error", err)
 	}
 
-	r.status.update(func(s *Status) { s.Persistenced = string(sup.Status().State) }) //nolint:errcheck
+	r.status.Update(func(s *Status) { s.Persistenced = string(sup.Status().State) })
 }
 
 // persistencedCondition is a problem while the nvidia-persistenced the node promises is not
@@ -663,10 +613,10 @@ func (r *Runner) reportUp() {
 	phase, msg := up.Derive()
 
 	if r.persistenced != nil {
-		r.status.update(func(s *Status) { s.Persistenced = string(r.persistenced.Status().State) }) //nolint:errcheck // reported by report()
+		r.status.Update(func(s *Status) { s.Persistenced = string(r.persistenced.Status().State) })
 	}
 
-	if cur := r.status.get(); cur.Phase == phase && cur.Message == msg {
+	if cur := r.status.Get(); cur.Phase == phase && cur.Message == msg {
 		return
 	}
 
@@ -755,7 +705,7 @@ type readinessGPU struct {
 }
 
 func (r *Runner) readiness() readinessSummary {
-	st := r.status.get()
+	st := r.status.Get()
 	sum := readinessSummary{DriverVersion: st.DriverVersion}
 
 	for _, g := range st.GPUs {

@@ -21,6 +21,7 @@ import (
 	"github.com/talos-nvidia/nvidia-driver/internal/testutil"
 	"github.com/talos-nvidia/nvidia-driver/pkg/daemons"
 	"github.com/talos-nvidia/nvidia-driver/pkg/node"
+	"github.com/talos-nvidia/nvidia-driver/pkg/poll"
 )
 
 const envInNamespace = "NODE_TEST_IN_MOUNT_NAMESPACE"
@@ -143,7 +144,7 @@ func (n *persistencedNode) waitFor(t *testing.T, what string, cond func(node.Sta
 
 func up(st node.Status) bool { return st.Phase == node.PhaseReady || st.Phase == node.PhaseDegraded }
 
-var fastDaemons = daemons.Options{StartTimeout: 2 * time.Second, BackoffInitial: time.Millisecond, BackoffMax: 20 * time.Millisecond,
+var fastDaemons = daemons.Options{StartTimeout: 2 * time.Second, Backoff: poll.Backoff{Initial: time.Millisecond, Max: 20 * time.Millisecond},
 	RestartDelay: time.Millisecond, StopGrace: 2 * time.Second, PollInterval: time.Millisecond}
 
 // TestPersistencedThatNeverStartsDegradesTheNode: a daemon that exits at once is given up

@@ -28,7 +28,7 @@ import (
 func (r *Runner) pendingMIG() (gpus []int, named bool) {
 	named = true
 
-	for _, st := range r.status.get().MIG {
+	for _, st := range r.status.Get().MIG {
 		if st.Result == mig.ResultPending {
 			gpus = append(gpus, st.Index)
 			named = named && len(st.Holders) > 0
@@ -170,7 +170,7 @@ func (r *Runner) refreshGPUs(ctx context.Context, wait bool) error {
 		return err
 	}
 
-	r.status.update(func(s *Status) { s.GPUs = gpus }) //nolint:errcheck // reported by report()
+	r.status.Update(func(s *Status) { s.GPUs = gpus })
 
 	return r.publish(ctx, wait)
 }

@@ -1,11 +1,12 @@
 package node
 
 import (
+	"log/slog"
 	"time"
 
-	"github.com/talos-nvidia/nvidia-driver/pkg/atomicfile"
 	"github.com/talos-nvidia/nvidia-driver/pkg/gpu"
 	"github.com/talos-nvidia/nvidia-driver/pkg/mig"
+	"github.com/talos-nvidia/nvidia-driver/pkg/report"
 )
 
 // The status contract, version StatusContract: what the status and readiness files promise
@@ -70,28 +71,21 @@ type Status struct {
 	CDISpec       string       `json:"cdiSpec,omitempty"`
 }
 
-// statusFile keeps the latest status and writes it whole on every change.
-type statusFile struct{ *atomicfile.JSONFile[Status] }
-
-func newStatusFile(path, subroot string) *statusFile {
-	return &statusFile{atomicfile.NewJSONFile(path, Status{Subroot: subroot})}
+// newStatus is the node's status, kept in its file; a report logs at its phase's level.
+func newStatus(log *slog.Logger, path, subroot string) *report.Status[Status] {
+	return report.New(log, path, Status{Subroot: subroot}, report.Shape[Status]{
+		Key:    "phase",
+		Set:    func(s *Status, phase, msg string) { s.Phase, s.Message = phase, msg },
+		Stamp:  func(s *Status, at time.Time) { s.Updated = at },
+		Levels: map[string]slog.Level{PhaseFailed: slog.LevelError, PhaseWaiting: slog.LevelWarn, PhaseDegraded: slog.LevelWarn},
+	})
 }
-
-func (s *statusFile) update(f func(*Status)) (Status, error) {
-	return s.Update(func(st *Status) { f(st); st.Updated = time.Now().UTC() })
-}
-
-func (s *statusFile) get() Status { return s.Get() }
 
 // ReportInvalidConfig writes the status of a service whose configuration did not load: failed,
 // with the error, and nothing else, because nothing was done.
 func ReportInvalidConfig(path, subroot string, err error) error {
-	s := newStatusFile(path, subroot)
-
-	_, werr := s.update(func(st *Status) {
+	return newStatus(slog.New(slog.DiscardHandler), path, subroot).Write(func(st *Status) {
 		st.Phase = PhaseFailed
 		st.Message = err.Error() + "\nnothing was changed; the service waits for a corrected ExtensionServiceConfig (Talos restarts it when the document changes)"
 	})
-
-	return werr
 }

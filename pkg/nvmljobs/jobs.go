@@ -164,12 +164,7 @@ func (l *Local) ApplyMIG(ctx context.Context, req MIGRequest, changing func()) (
 	}
 
 	// NVSwitch boards reset their GPUs only together, once all modes are set (mig-parted).
-	board, err := nvswitch.Detect(req.HostRoot)
-	if err != nil {
-		l.Log.Warn("cannot read the whole NVSwitch board; going on with what was read", "error", err)
-	}
-
-	if board.HasNVSwitch() {
+	if nvswitch.Read(l.Log, req.HostRoot).HasNVSwitch() {
 		applier.WholeBoard = true
 		applier.NoReset = noReset(req.HostRoot)
 	}

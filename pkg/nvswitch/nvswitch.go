@@ -26,6 +26,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"slices"
@@ -115,6 +116,22 @@ func Detect(hostRoot string) (Board, error) {
 	b.Arch = arch(ids, len(b.NVLink5) > 0)
 
 	return b, errors.Join(errs...)
+}
+
+// Read is Detect for the services: what could not be read is warned about, and the board
+// is what was read.
+func Read(log *slog.Logger, hostRoot string) Board {
+	b, err := Detect(hostRoot)
+	if err != nil {
+		log.Warn("cannot read the whole NVSwitch board; going on with what was read", "error", err)
+	}
+
+	return b
+}
+
+// Log says, at info level, what the board has.
+func (b Board) Log(log *slog.Logger) {
+	log.Info("NVSwitch board", "board", b.String(), "arch", b.Arch, "pci", b.PCI, "driver", b.Driver, "nvlink5", b.NVLink5)
 }
 
 // arch names the generation of the switches' device ids; the oldest wins if they disagree
