@@ -1,9 +1,9 @@
 // Package config loads the service's configuration from its environment and an optional
 // YAML file, both of which a Talos ExtensionServiceConfig provides. Every setting has a
 // default, so a node needs no configuration at all. Loading is strict: unknown keys and
-// variables, bad values and a missing or unknown version are all reported at once (the first
-// MaxProblems of them and a count of the rest). The file (document.MaxFileSize) and each
-// value (MaxValueLen) have size limits, checked before they are parsed.
+// variables, bad values and a missing or unknown version are all reported at once
+// (document.Invalid). The file (document.MaxFileSize) and each value (MaxValueLen) have size
+// limits, checked before they are parsed.
 package config
 
 import (
@@ -17,7 +17,7 @@ import (
 	"strings"
 	"time"
 
-	"gopkg.in/yaml.v3"
+	"go.yaml.in/yaml/v3"
 
 	"github.com/talos-nvidia/nvidia-driver/pkg/document"
 )
@@ -106,66 +106,6 @@ func (c Config) StatusFile() string { return c.Host("/run/nvidia-driver/status.j
 // and the message gives its length, not the value.
 const MaxValueLen = 4096
 
-// MaxProblems is how many problems the error of a bad configuration lists, followed by "and N
-// more"; each is cut at maxProblemLen bytes. The error goes into the log line and the status
-// file: a 10 MB document of unknown keys made both 74 MB (issue 32).
-const (
-	MaxProblems   = 20
-	maxProblemLen = 300
-)
-
-// problems collects the errors of a configuration: the first MaxProblems and a count of the
-// others.
-type problems struct {
-	errs []error
-	more int
-}
-
-func (p *problems) add(err error) {
-	if err == nil {
-		return
-	}
-
-	if len(p.errs) >= MaxProblems {
-		p.more++
-
-		return
-	}
-
-	p.errs = append(p.errs, shorten(err))
-}
-
-// err is the configuration's error, nil without problems.
-func (p *problems) err() error {
-	if len(p.errs) == 0 {
-		return nil
-	}
-
-	errs := p.errs
-	if p.more > 0 {
-		errs = append(errs, fmt.Errorf("and %d more", p.more))
-	}
-
-	return fmt.Errorf("invalid configuration:\n%w", errors.Join(errs...))
-}
-
-// shortError is an error whose message is cut at maxProblemLen bytes.
-type shortError struct{ err error }
-
-func (e shortError) Error() string {
-	return strings.ToValidUTF8(e.err.Error()[:maxProblemLen], "") + "..."
-}
-
-func (e shortError) Unwrap() error { return e.err }
-
-func shorten(err error) error {
-	if len(err.Error()) <= maxProblemLen {
-		return err
-	}
-
-	return shortError{err}
-}
-
 // setValue checks v's length, then sets it.
 func (s setting) setValue(c *Config, v string) error {
 	if len(v) > MaxValueLen {
@@ -212,7 +152,7 @@ func settings() []setting {
 // for it; HostRoot is then empty if the host root itself was not given right.
 func Load(environ []string) (Config, error) {
 	var (
-		errs problems
+		errs = document.Invalid{What: "configuration"}
 		c    = Config{Source: map[string]string{}}
 		all  = settings()
 	)
@@ -265,13 +205,13 @@ func Load(environ []string) (Config, error) {
 
 		s, ok := byKey[v.key]
 		if !ok {
-			errs.add(fmt.Errorf("%s:%d: unknown key %q%s", path, v.line, v.key, suggest(v.key, keys(all))))
+			errs.Add(fmt.Errorf("%s:%d: unknown key %q%s", path, v.line, v.key, suggest(v.key, keys(all))))
 
 			continue
 		}
 
 		if err := s.setValue(&c, v.value); err != nil {
-			errs.add(fmt.Errorf("%s:%d: %s: %w", path, v.line, v.key, err))
+			errs.Add(fmt.Errorf("%s:%d: %s: %w", path, v.line, v.key, err))
 			bad[s.key] = true
 
 			continue
@@ -306,13 +246,13 @@ func Load(environ []string) (Config, error) {
 
 		s, ok := byEnv[name]
 		if !ok {
-			errs.add(fmt.Errorf("environment: unknown variable %s%s", name, suggest(name, envNames(all))))
+			errs.Add(fmt.Errorf("environment: unknown variable %s%s", name, suggest(name, envNames(all))))
 
 			continue
 		}
 
 		if err := s.setValue(&c, env[name]); err != nil {
-			errs.add(fmt.Errorf("environment: %s: %w", name, err))
+			errs.Add(fmt.Errorf("environment: %s: %w", name, err))
 			bad[s.key] = true
 
 			continue
@@ -323,7 +263,7 @@ func Load(environ []string) (Config, error) {
 
 	c.MIGConfig = c.resolve(docs, c.MIGConfig)
 
-	if err := errs.err(); err != nil {
+	if err := errs.Err(); err != nil {
 		if bad["hostRoot"] {
 			c.HostRoot = ""
 		}
@@ -372,34 +312,34 @@ type fileValue struct {
 
 // readFile reads the configuration file's values, adding its problems to errs. The file's
 // size is checked before it is parsed (document.ReadFile).
-func readFile(path string, required bool, errs *problems) []fileValue {
+func readFile(path string, required bool, errs *document.Invalid) []fileValue {
 	data, err := document.ReadFile(path)
 	if errors.Is(err, os.ErrNotExist) && !required {
 		return nil
 	}
 
 	if err != nil {
-		errs.add(fmt.Errorf("reading configuration file: %w", err))
+		errs.Add(fmt.Errorf("reading configuration file: %w", err))
 
 		return nil
 	}
 
 	var doc yaml.Node
 	if err := yaml.Unmarshal(data, &doc); err != nil {
-		errs.add(fmt.Errorf("%s: %w", path, err))
+		errs.Add(fmt.Errorf("%s: %w", path, err))
 
 		return nil
 	}
 
 	if len(doc.Content) == 0 {
-		errs.add(fmt.Errorf("%s: empty file: it needs at least \"version: %s\"", path, Version))
+		errs.Add(fmt.Errorf("%s: empty file: it needs at least \"version: %s\"", path, Version))
 
 		return nil
 	}
 
 	root := doc.Content[0]
 	if root.Kind != yaml.MappingNode {
-		errs.add(fmt.Errorf("%s:%d: expected a mapping of settings", path, root.Line))
+		errs.Add(fmt.Errorf("%s:%d: expected a mapping of settings", path, root.Line))
 
 		return nil
 	}
@@ -414,7 +354,7 @@ func readFile(path string, required bool, errs *problems) []fileValue {
 		k, v := root.Content[i], root.Content[i+1]
 
 		if prev, dup := seen[k.Value]; dup {
-			errs.add(fmt.Errorf("%s:%d: key %q repeated (first on line %d)", path, k.Line, k.Value, prev))
+			errs.Add(fmt.Errorf("%s:%d: key %q repeated (first on line %d)", path, k.Line, k.Value, prev))
 
 			continue
 		}
@@ -422,7 +362,7 @@ func readFile(path string, required bool, errs *problems) []fileValue {
 		seen[k.Value] = k.Line
 
 		if v.Kind != yaml.ScalarNode {
-			errs.add(fmt.Errorf("%s:%d: %s: expected a single value", path, v.Line, k.Value))
+			errs.Add(fmt.Errorf("%s:%d: %s: expected a single value", path, v.Line, k.Value))
 
 			continue
 		}
@@ -439,9 +379,9 @@ func readFile(path string, required bool, errs *problems) []fileValue {
 	switch version {
 	case Version:
 	case "":
-		errs.add(fmt.Errorf("%s: missing \"version: %s\"", path, Version))
+		errs.Add(fmt.Errorf("%s: missing \"version: %s\"", path, Version))
 	default:
-		errs.add(fmt.Errorf("%s: version %q is not supported, this build reads %q", path, version, Version))
+		errs.Add(fmt.Errorf("%s: version %q is not supported, this build reads %q", path, version, Version))
 	}
 
 	return out

@@ -202,6 +202,6 @@ func TestBadDocumentReportIsBounded(t *testing.T) {
 	assert.Contains(t, msg, `config.yaml:2: unknown key "kkkk`)
 	assert.Contains(t, msg, `config.yaml:21: unknown key "u18"`)
 	assert.NotContains(t, msg, `"u19"`, "only the first problems are listed")
-	assert.Contains(t, msg, "\nand 4982 more", "5001 keys and 1 variable unknown, 20 listed")
+	assert.Contains(t, msg, "\n  - and 4982 more", "5001 keys and 1 variable unknown, 20 listed")
 	assert.NotContains(t, msg, strings.Repeat("k", 400), "a long problem is cut")
 }

@@ -73,40 +73,6 @@ func (c *Config) Select(name string) ([]Entry, error) {
 	return entries, nil
 }
 
-// ValidationError holds the problems found in a file: the first MaxProblems of them, and how
-// many more there were, so that a large bad file gives a short message in the log and the
-// status file.
-type ValidationError struct {
-	File     string // "" when the data came from no file
-	Problems []string
-	// More counts the problems past the first MaxProblems.
-	More int
-}
-
-// MaxProblems is how many problems a ValidationError lists; maxProblemLen bounds each.
-const (
-	MaxProblems   = 20
-	maxProblemLen = 300
-)
-
-func (v *ValidationError) Error() string {
-	what := "invalid MIG config"
-	if v.File != "" {
-		what += " " + v.File
-	}
-
-	if len(v.Problems) == 1 && v.More == 0 {
-		return what + ": " + v.Problems[0]
-	}
-
-	msg := fmt.Sprintf("%s (%d problems):\n  - %s", what, len(v.Problems)+v.More, strings.Join(v.Problems, "\n  - "))
-	if v.More > 0 {
-		msg += fmt.Sprintf("\n  - and %d more", v.More)
-	}
-
-	return msg
-}
-
 // LoadFile reads the layouts file at path and adds the built-in layouts; a file that does not
 // exist gives the built-in layouts alone (a node without an ExtensionServiceConfig file). A
 // file larger than document.MaxFileSize is refused before it is parsed.
@@ -132,13 +98,12 @@ func LoadFile(path string) (*Config, error) {
 // name it.
 func ParseFile(name string, data []byte) (*Config, error) {
 	cfg, err := Parse(data)
-
-	var verr *ValidationError
-	if errors.As(err, &verr) {
-		verr.File = name
-	}
-
 	if err != nil {
+		var inv *document.Invalid
+		if errors.As(err, &inv) {
+			inv.File = name
+		}
+
 		return nil, err
 	}
 
@@ -147,269 +112,285 @@ func ParseFile(name string, data []byte) (*Config, error) {
 	return cfg, nil
 }
 
-type parser struct {
-	problems []string
-	more     int // problems past MaxProblems
+// invalid collects the problems of a layouts file (the planner's too: GPU indices the node
+// lacks are found only there).
+func invalid(file string) *document.Invalid { return &document.Invalid{What: "MIG config", File: file} }
+
+// file is a layouts file as written. Its layouts stay nodes: each entry is decoded on its own,
+// so that its problems name it. Keys yaml.v3 knows no field for are kept, to be named.
+type file struct {
+	Version yaml.Node            `yaml:"version"`
+	Configs yaml.Node            `yaml:"mig-configs"`
+	Unknown map[string]yaml.Node `yaml:",inline"`
 }
 
-func (p *parser) addf(format string, args ...any) {
-	if len(p.problems) >= MaxProblems {
-		p.more++
-
-		return
-	}
-
-	msg := fmt.Sprintf(format, args...)
-	if len(msg) > maxProblemLen {
-		msg = strings.ToValidUTF8(msg[:maxProblemLen], "") + "..."
-	}
-
-	p.problems = append(p.problems, msg)
+// entry is one entry as written: nil is a key not given. Each field checks its own value and
+// reports its problems as yaml.v3 reports its own (a yaml.TypeError, "line N: ...").
+type entry struct {
+	Devices    *devices             `yaml:"devices"`
+	Filter     filter               `yaml:"device-filter"`
+	Enabled    *boolean             `yaml:"mig-enabled"`
+	MigDevices *migDevices          `yaml:"mig-devices"`
+	Unknown    map[string]yaml.Node `yaml:",inline"`
+	Decoded    decoded              `yaml:",inline"`
 }
 
-func (p *parser) err() error {
-	if len(p.problems) == 0 {
-		return nil
-	}
+// decoded is set when yaml.v3 decodes the map of the struct it is inlined in: yaml.v3 calls an
+// inlined UnmarshalYAML with that map before the fields.
+type decoded struct{ ok bool }
 
-	return &ValidationError{Problems: p.problems, More: p.more}
+func (d *decoded) UnmarshalYAML(*yaml.Node) error {
+	d.ok = true
+
+	return nil
 }
 
-func line(n *yaml.Node) string { return fmt.Sprintf("line %d", n.Line) }
-
-// Parse reads a mig-parted v1 file strictly: unknown keys, wrong types,
-// malformed profiles and bad counts are all reported at once, each with the
-// layout, entry and key it concerns.
+// Parse reads a mig-parted v1 file strictly: unknown keys, keys given twice, wrong types,
+// malformed profiles and bad counts are all reported at once, each with its line and the
+// layout and entry it concerns. yaml.v3 resolves anchors, aliases and merge keys (an alias
+// bomb is an error, not a hang).
 func Parse(data []byte) (*Config, error) {
+	p := invalid("")
+
 	if msg := notUTF8(data); msg != "" {
-		return nil, &ValidationError{Problems: []string{msg}}
+		p.Add(errors.New(msg))
+
+		return nil, p
 	}
 
 	var doc yaml.Node
 	if err := yaml.Unmarshal(data, &doc); err != nil {
-		return nil, &ValidationError{Problems: []string{syntaxError(data, err)}}
+		p.Add(errors.New(syntaxError(data, err)))
+
+		return nil, p
 	}
 
-	p := &parser{}
+	if len(doc.Content) == 0 {
+		p.Addf("empty document")
+
+		return nil, p
+	}
+
+	root := doc.Content[0]
+	if root.Kind != yaml.MappingNode {
+		p.Addf("line %d: top level must be a map with version and mig-configs", root.Line)
+
+		return nil, p
+	}
+
+	// Only a key given twice (or a bad merge key) fails this: the file's fields are nodes.
+	var f file
+	if err := root.Decode(&f); err != nil {
+		for _, msg := range problemsOf(root, err) {
+			p.Add(errors.New(msg))
+		}
+
+		return nil, p
+	}
+
+	for _, k := range byPlace(f.Unknown) {
+		p.Addf("line %d: unknown top-level key %q (want version, mig-configs)", f.Unknown[k].Line, k)
+	}
+
+	switch v := deref(&f.Version); {
+	case v.Kind == 0:
+		p.Addf("version: required (want \"v1\")")
+	case v.Kind != yaml.ScalarNode || v.Value != "v1":
+		p.Addf("line %d: version: unsupported %q (want \"v1\")", v.Line, v.Value)
+	}
+
+	var layouts map[string]yaml.Node
+
+	switch configs := deref(&f.Configs); {
+	case configs.Kind == 0:
+		p.Addf("mig-configs: required")
+	case configs.Kind != yaml.MappingNode:
+		p.Addf("line %d: mig-configs: must be a map of layout name to entries", configs.Line)
+	default:
+		if err := configs.Decode(&layouts); err != nil {
+			for _, msg := range problemsOf(configs, err) {
+				p.Add(errors.New(msg))
+			}
+		}
+	}
+
 	cfg := &Config{Layouts: map[string][]Entry{}}
 
-	if doc.Kind != yaml.DocumentNode || len(doc.Content) == 0 {
-		return nil, &ValidationError{Problems: []string{"empty document"}}
+	for _, name := range byPlace(layouts) {
+		n := layouts[name]
+		cfg.Layouts[name] = parseLayout(p, name, &n)
 	}
 
-	// Anchors, aliases and merge keys mean what YAML says: the parser below sees the
-	// document with them resolved.
-	r := &resolver{p: p, done: map[*yaml.Node]*yaml.Node{}}
-
-	root := r.resolve(doc.Content[0])
-	if err := p.err(); err != nil {
-		return nil, err
-	}
-
-	if root.Kind != yaml.MappingNode {
-		return nil, &ValidationError{Problems: []string{fmt.Sprintf("%s: top level must be a map with version and mig-configs", line(root))}}
-	}
-
-	var version, configs *yaml.Node
-
-	seenTop := map[string]int{}
-
-	for i := 0; i+1 < len(root.Content); i += 2 {
-		k, v := root.Content[i], root.Content[i+1]
-		if first, dup := seenTop[k.Value]; dup {
-			p.addf("%s: key %q given twice (first on line %d)", line(k), k.Value, first)
-
-			continue
-		}
-
-		seenTop[k.Value] = k.Line
-
-		switch k.Value {
-		case "version":
-			version = v
-		case "mig-configs":
-			configs = v
-		default:
-			p.addf("%s: unknown top-level key %q (want version, mig-configs)", line(k), k.Value)
-		}
-	}
-
-	switch {
-	case version == nil:
-		p.addf("version: required (want \"v1\")")
-	case version.Kind != yaml.ScalarNode || version.Value != "v1":
-		p.addf("%s: version: unsupported %q (want \"v1\")", line(version), version.Value)
-	}
-
-	switch {
-	case configs == nil:
-		p.addf("mig-configs: required")
-	case configs.Kind != yaml.MappingNode:
-		p.addf("%s: mig-configs: must be a map of layout name to entries", line(configs))
-	default:
-		for i := 0; i+1 < len(configs.Content); i += 2 {
-			k, v := configs.Content[i], configs.Content[i+1]
-
-			name := k.Value
-			if name == "" {
-				p.addf("%s: mig-configs: empty layout name", line(k))
-
-				continue
-			}
-
-			if _, dup := cfg.Layouts[name]; dup {
-				p.addf("%s: layout %q: defined twice", line(k), name)
-
-				continue
-			}
-
-			cfg.Layouts[name] = p.layout(name, v)
-		}
-	}
-
-	if err := p.err(); err != nil {
+	if err := p.Err(); err != nil {
 		return nil, err
 	}
 
 	return cfg, nil
 }
 
-func (p *parser) layout(name string, n *yaml.Node) []Entry {
-	if n.Kind != yaml.SequenceNode {
-		p.addf("%s: layout %q: must be a list of entries", line(n), name)
+func parseLayout(p *document.Invalid, name string, n *yaml.Node) []Entry {
+	list := deref(n)
+
+	switch {
+	case name == "":
+		p.Addf("line %d: mig-configs: empty layout name", n.Line)
 
 		return nil
+	case list.Kind != yaml.SequenceNode:
+		p.Addf("line %d: layout %q: must be a list of entries", n.Line, name)
+
+		return nil
+	case len(list.Content) == 0:
+		p.Addf("line %d: layout %q: has no entries", n.Line, name)
 	}
 
-	if len(n.Content) == 0 {
-		p.addf("%s: layout %q: has no entries", line(n), name)
-	}
-
-	entries := make([]Entry, 0, len(n.Content))
-
-	for i, en := range n.Content {
-		e := Entry{Layout: name, Index: i}
-		at := func(key string) string { return fmt.Sprintf("layout %q, entry %d, %s", name, i, key) }
-
-		if en.Kind != yaml.MappingNode {
-			p.addf("%s: %s: must be a map", line(en), e.where())
-
-			continue
-		}
-
-		var devices, enabled, migDevices *yaml.Node
-
-		seen := map[string]int{}
-
-		for j := 0; j+1 < len(en.Content); j += 2 {
-			k, v := en.Content[j], en.Content[j+1]
-			if first, dup := seen[k.Value]; dup {
-				p.addf("%s: %s: key %q given twice (first on line %d)", line(k), e.where(), k.Value, first)
-
-				continue
-			}
-
-			seen[k.Value] = k.Line
-
-			switch k.Value {
-			case "devices":
-				devices = v
-			case "device-filter":
-				e.Filter = p.filter(at("device-filter"), v)
-			case "mig-enabled":
-				enabled = v
-			case "mig-devices":
-				migDevices = v
-			default:
-				p.addf("%s: %s: unknown key %q (want devices, device-filter, mig-enabled, mig-devices)", line(k), e.where(), k.Value)
-			}
-		}
-
-		if devices == nil {
-			p.addf("%s: %s: required", line(en), at("devices"))
-		} else {
-			e.AllDevices, e.Devices, e.DeviceLines = p.devices(at("devices"), devices)
-		}
-
-		enabledValid := false
-
-		if enabled == nil {
-			p.addf("%s: %s: required", line(en), at("mig-enabled"))
-		} else if b, ok := yaml11Bool(enabled); !ok {
-			p.addf("%s: %s: must be a boolean (true or false), got %s", line(enabled), at("mig-enabled"), describeScalar(enabled))
-		} else {
-			enabledValid = true
-			e.MigEnabled = b
-		}
-
-		// mig-parted's rules (api/spec/v1/spec.go, MigConfigSpec.UnmarshalJSON): mig-devices is
-		// required when mig-enabled is true, and must be empty when it is false.
-		switch {
-		case migDevices != nil:
-			e.MigDevices = p.migDevices(at("mig-devices"), migDevices)
-			if enabledValid && !e.MigEnabled && len(e.MigDevices) > 0 {
-				p.addf("%s: %s: set while mig-enabled is false", line(migDevices), at("mig-devices"))
-			}
-		case enabledValid && e.MigEnabled:
-			p.addf("%s: %s: required when mig-enabled is true (write mig-devices: {} for MIG on with no instances)", line(en), at("mig-devices"))
-		}
-
-		entries = append(entries, e)
+	entries := make([]Entry, 0, len(list.Content))
+	for i, en := range list.Content {
+		entries = append(entries, parseEntry(p, Entry{Layout: name, Index: i}, en))
 	}
 
 	return entries
 }
 
-func (p *parser) devices(at string, n *yaml.Node) (bool, []int, []int) {
+func parseEntry(p *document.Invalid, e Entry, n *yaml.Node) Entry {
+	if deref(n).Kind != yaml.MappingNode {
+		p.Addf("line %d: %s: must be a map", n.Line, e.where())
+
+		return e
+	}
+
+	var s entry
+	if err := n.Decode(&s); err != nil {
+		for _, msg := range problemsOf(n, err) {
+			line, what, _ := strings.Cut(msg, ": ")
+			p.Addf("%s: %s, %s", line, e.where(), what)
+		}
+	}
+
+	// A map with a key given twice is not decoded at all: its keys are not missing.
+	if !s.Decoded.ok {
+		return e
+	}
+
+	for _, k := range byPlace(s.Unknown) {
+		p.Addf("line %d: %s: unknown key %q (want devices, device-filter, mig-enabled, mig-devices)", s.Unknown[k].Line, e.where(), k)
+	}
+
+	if s.Devices == nil {
+		p.Addf("line %d: %s, devices: required", n.Line, e.where())
+	} else {
+		e.AllDevices, e.Devices, e.DeviceLines = s.Devices.all, s.Devices.list, s.Devices.lines
+	}
+
+	e.Filter = s.Filter
+
+	if s.MigDevices != nil {
+		e.MigDevices = s.MigDevices.counts
+	}
+
+	// mig-parted's rules (api/spec/v1/spec.go, MigConfigSpec.UnmarshalJSON): mig-devices is
+	// required when mig-enabled is true, and must be empty when it is false.
+	switch {
+	case s.Enabled == nil:
+		p.Addf("line %d: %s, mig-enabled: required", n.Line, e.where())
+	case !s.Enabled.ok:
+	case !s.Enabled.v && len(e.MigDevices) > 0:
+		p.Addf("line %d: %s, mig-devices: set while mig-enabled is false", s.MigDevices.line, e.where())
+	case s.Enabled.v && s.MigDevices == nil:
+		p.Addf("line %d: %s, mig-devices: required when mig-enabled is true (write mig-devices: {} for MIG on with no instances)", n.Line, e.where())
+	}
+
+	e.MigEnabled = s.Enabled != nil && s.Enabled.v
+
+	return e
+}
+
+// devices is "all" or a list of GPU indices, each with its line.
+type devices struct {
+	all         bool
+	list, lines []int
+}
+
+func (d *devices) UnmarshalYAML(n *yaml.Node) error {
+	var errs typeErrors
+
 	switch n.Kind {
 	case yaml.ScalarNode:
-		if n.Value == "all" {
-			return true, nil, nil
+		d.all = n.Value == "all"
+		if !d.all {
+			errs.addf(n, "devices: want \"all\" or a list of GPU indices, got %q", n.Value)
 		}
-
-		p.addf("%s: %s: want \"all\" or a list of GPU indices, got %q", line(n), at, n.Value)
-
-		return false, nil, nil
 	case yaml.SequenceNode:
 		if len(n.Content) == 0 {
-			p.addf("%s: %s: empty list", line(n), at)
+			errs.addf(n, "devices: empty list")
 		}
 
 		seen := map[int]bool{}
 
-		var out, lines []int
-
 		for i, c := range n.Content {
+			c = deref(c)
+
 			v, err := strconv.Atoi(c.Value)
-			if c.Kind != yaml.ScalarNode || c.ShortTag() != "!!int" || err != nil {
-				p.addf("%s: %s[%d]: want a GPU index, got %q", line(c), at, i, c.Value)
 
-				continue
+			switch {
+			case c.Kind != yaml.ScalarNode || c.ShortTag() != "!!int" || err != nil:
+				errs.addf(c, "devices[%d]: want a GPU index, got %q", i, c.Value)
+			case v < 0:
+				errs.addf(c, "devices[%d]: GPU index %d is negative", i, v)
+			case seen[v]:
+				errs.addf(c, "devices[%d]: GPU index %d listed twice", i, v)
+			default:
+				seen[v] = true
+				d.list = append(d.list, v)
+				d.lines = append(d.lines, c.Line)
 			}
-
-			if v < 0 {
-				p.addf("%s: %s[%d]: GPU index %d is negative", line(c), at, i, v)
-
-				continue
-			}
-
-			if seen[v] {
-				p.addf("%s: %s[%d]: GPU index %d listed twice", line(c), at, i, v)
-
-				continue
-			}
-
-			seen[v] = true
-			out = append(out, v)
-			lines = append(lines, c.Line)
 		}
-
-		return false, out, lines
 	default:
-		p.addf("%s: %s: want \"all\" or a list of GPU indices", line(n), at)
-
-		return false, nil, nil
+		errs.addf(n, "devices: want \"all\" or a list of GPU indices")
 	}
+
+	return errs.err()
+}
+
+// filter is device-filter: a PCI device id or a list of them.
+type filter []uint32
+
+func (f *filter) UnmarshalYAML(n *yaml.Node) error {
+	var errs typeErrors
+
+	items := []*yaml.Node{n}
+
+	switch n.Kind {
+	case yaml.ScalarNode:
+	case yaml.SequenceNode:
+		items = n.Content
+		if len(items) == 0 {
+			errs.addf(n, "device-filter: empty list")
+		}
+	default:
+		errs.addf(n, "device-filter: want a PCI device id or a list of them")
+
+		return errs.err()
+	}
+
+	for _, c := range items {
+		c = deref(c)
+
+		switch id, err := ParseDeviceID(c.Value); {
+		case c.Kind != yaml.ScalarNode:
+			errs.addf(c, "device-filter: want a PCI device id such as \"0x233510DE\"")
+		// mig-parted reads YAML as YAML 1.1 (sigs.k8s.io/yaml), where an unquoted 0x233510DE is
+		// a number, and its device-filter takes only strings: it rejects the file.
+		case c.Style&(yaml.DoubleQuotedStyle|yaml.SingleQuotedStyle) == 0 && c.ShortTag() == "!!int":
+			errs.addf(c, "device-filter: %s is read as a number; quote it: \"%s\"", c.Value, c.Value)
+		case err != nil:
+			errs.addf(c, "device-filter: %q: %v", c.Value, err)
+		default:
+			*f = append(*f, id)
+		}
+	}
+
+	return errs.err()
 }
 
 // ParseDeviceID reads a PCI id as mig-parted writes it: 0x, device, vendor (0x233510DE).
@@ -426,103 +407,67 @@ func ParseDeviceID(s string) (uint32, error) {
 	return uint32(v), nil
 }
 
-func (p *parser) filter(at string, n *yaml.Node) []uint32 {
-	var items []*yaml.Node
+// boolean is mig-enabled, read as mig-parted reads it (yaml11Bool); ok is false for a value
+// that is no boolean.
+type boolean struct{ v, ok bool }
 
-	switch n.Kind {
-	case yaml.ScalarNode:
-		items = []*yaml.Node{n}
-	case yaml.SequenceNode:
-		items = n.Content
-		if len(items) == 0 {
-			p.addf("%s: %s: empty list", line(n), at)
-		}
-	default:
-		p.addf("%s: %s: want a PCI device id or a list of them", line(n), at)
-
-		return nil
+func (b *boolean) UnmarshalYAML(n *yaml.Node) error {
+	if b.v, b.ok = yaml11Bool(n); !b.ok {
+		return problem(n, "mig-enabled: must be a boolean (true or false), got %s", describeScalar(n))
 	}
 
-	var out []uint32
-
-	for _, c := range items {
-		if c.Kind != yaml.ScalarNode {
-			p.addf("%s: %s: want a PCI device id such as \"0x233510DE\"", line(c), at)
-
-			continue
-		}
-
-		// mig-parted reads YAML as YAML 1.1 (sigs.k8s.io/yaml), where an unquoted 0x233510DE is
-		// a number, and its device-filter takes only strings: it rejects the file.
-		if c.Style&(yaml.DoubleQuotedStyle|yaml.SingleQuotedStyle) == 0 && c.ShortTag() == "!!int" {
-			p.addf("%s: %s: %s is read as a number; quote it: \"%s\"", line(c), at, c.Value, c.Value)
-
-			continue
-		}
-
-		id, err := ParseDeviceID(c.Value)
-		if err != nil {
-			p.addf("%s: %s: %q: %v", line(c), at, c.Value, err)
-
-			continue
-		}
-
-		out = append(out, id)
-	}
-
-	return out
+	return nil
 }
 
-func (p *parser) migDevices(at string, n *yaml.Node) map[string]int {
-	if n.Kind != yaml.MappingNode {
-		p.addf("%s: %s: must be a map of profile name to count", line(n), at)
+// migDevices is mig-devices: profile name to count.
+type migDevices struct {
+	counts map[string]int
+	line   int
+}
 
-		return nil
+func (m *migDevices) UnmarshalYAML(n *yaml.Node) error {
+	m.line = n.Line
+
+	if n.Kind != yaml.MappingNode {
+		return problem(n, "mig-devices: must be a map of profile name to count")
 	}
 
-	out := map[string]int{}
+	// yaml.v3 refuses a profile given twice and resolves merge keys.
+	var raw map[string]yaml.Node
+	if err := n.Decode(&raw); err != nil {
+		return &yaml.TypeError{Errors: problemsOf(n, err)}
+	}
 
-	for i := 0; i+1 < len(n.Content); i += 2 {
-		k, v := n.Content[i], n.Content[i+1]
-		key := fmt.Sprintf("%s[%q]", at, k.Value)
+	var errs typeErrors
 
-		if _, err := ParseProfile(k.Value); err != nil {
-			p.addf("%s: %s: %v", line(k), key, err)
+	m.counts = map[string]int{}
+	positive := false
+
+	for _, name := range byPlace(raw) {
+		at := raw[name]
+		v := deref(&at)
+		key := fmt.Sprintf("mig-devices[%q]", name)
+
+		if _, err := ParseProfile(name); err != nil {
+			errs.addf(&at, "%s: %v", key, err)
 		}
 
-		if _, dup := out[k.Value]; dup {
-			p.addf("%s: %s: listed twice", line(k), key)
-
-			continue
+		switch count, err := strconv.Atoi(v.Value); {
+		case v.Kind != yaml.ScalarNode || v.ShortTag() != "!!int" || err != nil:
+			errs.addf(&at, "%s: count must be an integer, got %q", key, v.Value)
+		case count < 0 || count > 7:
+			errs.addf(&at, "%s: count %d out of range 0..7", key, count)
+		default:
+			m.counts[name] = count
+			positive = positive || count > 0
 		}
-
-		count, err := strconv.Atoi(v.Value)
-		if v.Kind != yaml.ScalarNode || v.ShortTag() != "!!int" || err != nil {
-			p.addf("%s: %s: count must be an integer, got %q", line(v), key, v.Value)
-
-			continue
-		}
-
-		if count < 0 || count > 7 {
-			p.addf("%s: %s: count %d out of range 0..7", line(v), key, count)
-
-			continue
-		}
-
-		out[k.Value] = count
 	}
 
 	// mig-parted (pkg/types/mig_config.go, AssertValidFormat): counts that are all 0 are an
 	// error; an empty map is not.
-	if len(out) > 0 && 2*len(out) == len(n.Content) {
-		for _, c := range out {
-			if c > 0 {
-				return out
-			}
-		}
-
-		p.addf("%s: %s: every count is 0 (write mig-devices: {} for MIG on with no instances)", line(n), at)
+	if len(errs) == 0 && len(m.counts) > 0 && !positive {
+		errs.addf(n, "mig-devices: every count is 0 (write mig-devices: {} for MIG on with no instances)")
 	}
 
-	return out
+	return errs.err()
 }

@@ -51,7 +51,7 @@ var badConfigs = []struct {
 	// Lines right where YAML's own errors have none or the wrong one.
 	{"tab indentation", "version: v1\nmig-configs:\n  a:\n    - devices: all\n\tmig-enabled: false\n", []string{"line 5: not YAML: found a tab character that violates indentation (YAML indents with spaces only)"}},
 	{"not utf-8", "version: v1\nmig-configs:\n  a:\n    - devices: all\n      mig-enabled: f\xffalse\n", []string{"line 5, column 21: not UTF-8 (byte 0xFF): the file must be UTF-8 text"}},
-	{"merge of a scalar", "version: v1\nmig-configs:\n  a:\n    - <<: 3\n      devices: all\n      mig-enabled: false\n", []string{"line 4: <<: a merge key takes a map or a list of maps, got \"3\""}},
+	{"merge of a scalar", "version: v1\nmig-configs:\n  a:\n    - <<: 3\n      devices: all\n      mig-enabled: false\n", []string{"line 4: layout \"a\", entry 0, map merge requires map or sequence of maps as the value"}},
 	{"mig-devices while disabled", "version: v1\nmig-configs:\n  a:\n    - devices: all\n      mig-enabled: false\n      mig-devices: {\"1g.10gb\": 1}\n", []string{"line 6: layout \"a\", entry 0, mig-devices: set while mig-enabled is false"}},
 	{"mig-devices list", "version: v1\nmig-configs:\n  a:\n    - devices: all\n      mig-enabled: true\n      mig-devices: [1g.10gb]\n", []string{"line 6: layout \"a\", entry 0, mig-devices: must be a map of profile name to count"}},
 	{"bad profile", "version: v1\nmig-configs:\n  a:\n    - devices: all\n      mig-enabled: true\n      mig-devices: {\"1g10gb\": 1}\n", []string{"line 6: layout \"a\", entry 0, mig-devices[\"1g10gb\"]: invalid profile \"1g10gb\": want <g>g.<gb>gb or <c>c.<g>g.<gb>gb, optionally followed by +me, +me.all, +gfx or -me"}},
@@ -65,7 +65,7 @@ var badConfigs = []struct {
 	{"count negative", "version: v1\nmig-configs:\n  a:\n    - devices: all\n      mig-enabled: true\n      mig-devices: {\"1g.10gb\": -1}\n", []string{"line 6: layout \"a\", entry 0, mig-devices[\"1g.10gb\"]: count -1 out of range 0..7"}},
 	{"count too big", "version: v1\nmig-configs:\n  a:\n    - devices: all\n      mig-enabled: true\n      mig-devices: {\"1g.10gb\": 8}\n", []string{"line 6: layout \"a\", entry 0, mig-devices[\"1g.10gb\"]: count 8 out of range 0..7"}},
 	{"count float", "version: v1\nmig-configs:\n  a:\n    - devices: all\n      mig-enabled: true\n      mig-devices: {\"1g.10gb\": 1.5}\n", []string{"line 6: layout \"a\", entry 0, mig-devices[\"1g.10gb\"]: count must be an integer, got \"1.5\""}},
-	{"profile twice", "version: v1\nmig-configs:\n  a:\n    - devices: all\n      mig-enabled: true\n      mig-devices: {\"1g.10gb\": 1, \"1g.10gb\": 2}\n", []string{"line 6: layout \"a\", entry 0, mig-devices[\"1g.10gb\"]: listed twice"}},
+	{"profile twice", "version: v1\nmig-configs:\n  a:\n    - devices: all\n      mig-enabled: true\n      mig-devices: {\"1g.10gb\": 1, \"1g.10gb\": 2}\n", []string{"line 6: layout \"a\", entry 0, mapping key \"1g.10gb\" already defined at line 6"}},
 	{"filter no 0x", "version: v1\nmig-configs:\n  a:\n    - devices: all\n      device-filter: 233510DE\n      mig-enabled: false\n", []string{"line 5: layout \"a\", entry 0, device-filter: \"233510DE\": want 0x followed by hex digits, such as 0x233510DE"}},
 	{"filter not hex", "version: v1\nmig-configs:\n  a:\n    - devices: all\n      device-filter: [\"0xZZ\"]\n      mig-enabled: false\n", []string{"line 5: layout \"a\", entry 0, device-filter: \"0xZZ\": want 0x followed by up to 8 hex digits, such as 0x233510DE"}},
 	{"filter too long", "version: v1\nmig-configs:\n  a:\n    - devices: all\n      device-filter: [\"0x1233510DE\"]\n      mig-enabled: false\n", []string{"line 5: layout \"a\", entry 0, device-filter: \"0x1233510DE\": want 0x followed by up to 8 hex digits, such as 0x233510DE"}},
@@ -77,13 +77,13 @@ var badConfigs = []struct {
 	{"filter unquoted in list", "version: v1\nmig-configs:\n  a:\n    - devices: all\n      device-filter: [\"0x233010DE\", 0x233510DE]\n      mig-enabled: false\n", []string{"line 5: layout \"a\", entry 0, device-filter: 0x233510DE is read as a number; quote it: \"0x233510DE\""}},
 	{"enabled without mig-devices", "version: v1\nmig-configs:\n  a:\n    - devices: all\n      mig-enabled: true\n", []string{"line 4: layout \"a\", entry 0, mig-devices: required when mig-enabled is true (write mig-devices: {} for MIG on with no instances)"}},
 	{"every count 0", "version: v1\nmig-configs:\n  a:\n    - devices: all\n      mig-enabled: true\n      mig-devices: {\"1g.18gb\": 0, \"2g.35gb\": 0}\n", []string{"line 6: layout \"a\", entry 0, mig-devices: every count is 0 (write mig-devices: {} for MIG on with no instances)"}},
-	{"layout twice", "version: v1\nmig-configs:\n  a:\n    - devices: all\n      mig-enabled: false\n  a:\n    - devices: all\n      mig-enabled: false\n", []string{"line 6: layout \"a\": defined twice"}},
+	{"layout twice", "version: v1\nmig-configs:\n  a:\n    - devices: all\n      mig-enabled: false\n  a:\n    - devices: all\n      mig-enabled: false\n", []string{"line 6: mapping key \"a\" already defined at line 3"}},
 	{"many problems at once", "version: v1\nmig-configs:\n  good:\n    - devices: all\n      mig-enabled: false\n  bad:\n    - devices: [0]\n      mig-enabled: true\n      mig-devices: {\"1g.10gb\": 1}\n    - devices: nope\n      mig-enabled: maybe\n      mig-devices: {\"2g\": 1, \"3g.40gb\": 9}\n", []string{"line 10: layout \"bad\", entry 1, devices: want \"all\" or a list of GPU indices, got \"nope\"", "line 11: layout \"bad\", entry 1, mig-enabled: must be a boolean (true or false), got \"maybe\"", "line 12: layout \"bad\", entry 1, mig-devices[\"2g\"]: invalid profile \"2g\": want <g>g.<gb>gb or <c>c.<g>g.<gb>gb, optionally followed by +me, +me.all, +gfx or -me", "line 12: layout \"bad\", entry 1, mig-devices[\"3g.40gb\"]: count 9 out of range 0..7"}},
-	// Duplicate keys anywhere: YAML itself lets the last one win.
-	{"entry key twice", "version: v1\nmig-configs:\n  a:\n    - devices: all\n      mig-enabled: true\n      mig-devices: {\"1g.10gb\": 1}\n      mig-devices: {\"1g.10gb\": 7}\n", []string{"line 7: layout \"a\", entry 0: key \"mig-devices\" given twice (first on line 6)"}},
-	{"devices key twice", "version: v1\nmig-configs:\n  a:\n    - devices: all\n      devices: [0]\n      mig-enabled: false\n", []string{"line 5: layout \"a\", entry 0: key \"devices\" given twice (first on line 4)"}},
-	{"top key twice", "version: v1\nmig-configs:\n  a:\n    - devices: all\n      mig-enabled: false\nversion: v1\n", []string{"line 6: key \"version\" given twice (first on line 1)"}},
-	{"mig-configs twice", "version: v1\nmig-configs:\n  a:\n    - devices: all\n      mig-enabled: false\nmig-configs:\n  b:\n    - devices: all\n      mig-enabled: false\n", []string{"line 6: key \"mig-configs\" given twice (first on line 2)"}},
+	// Duplicate keys anywhere (yaml.v3's own check): YAML itself would let the last one win.
+	{"entry key twice", "version: v1\nmig-configs:\n  a:\n    - devices: all\n      mig-enabled: true\n      mig-devices: {\"1g.10gb\": 1}\n      mig-devices: {\"1g.10gb\": 7}\n", []string{"line 7: layout \"a\", entry 0, mapping key \"mig-devices\" already defined at line 6"}},
+	{"devices key twice", "version: v1\nmig-configs:\n  a:\n    - devices: all\n      devices: [0]\n      mig-enabled: false\n", []string{"line 5: layout \"a\", entry 0, mapping key \"devices\" already defined at line 4"}},
+	{"top key twice", "version: v1\nmig-configs:\n  a:\n    - devices: all\n      mig-enabled: false\nversion: v1\n", []string{"line 6: mapping key \"version\" already defined at line 1"}},
+	{"mig-configs twice", "version: v1\nmig-configs:\n  a:\n    - devices: all\n      mig-enabled: false\nmig-configs:\n  b:\n    - devices: all\n      mig-enabled: false\n", []string{"line 6: mapping key \"mig-configs\" already defined at line 2"}},
 }
 
 func TestParseRejectsBadConfigs(t *testing.T) {
@@ -95,7 +95,7 @@ func TestParseRejectsBadConfigs(t *testing.T) {
 			require.Error(t, err)
 			assert.Nil(t, cfg)
 
-			var verr *mig.ValidationError
+			var verr *document.Invalid
 			require.True(t, errors.As(err, &verr))
 			assert.Equal(t, tc.want, verr.Problems)
 		})
@@ -173,7 +173,7 @@ func FuzzParse(f *testing.F) {
 	f.Fuzz(func(t *testing.T, in []byte) {
 		cfg, err := mig.Parse(in)
 		if err != nil {
-			var verr *mig.ValidationError
+			var verr *document.Invalid
 			if !errors.As(err, &verr) || len(verr.Problems) == 0 {
 				t.Fatalf("error without problems: %v", err)
 			}
@@ -202,7 +202,7 @@ func FuzzParse(f *testing.F) {
 // (found at planning, when the GPU count is known), name the file, line and key.
 func TestErrorsNameTheFile(t *testing.T) {
 	_, err := mig.ParseFile("/etc/nvidia-driver/mig.yaml", []byte("version: v1\nmig-configs:\n  a:\n    - devices: all\n      devices: all\n      mig-enabled: false\n"))
-	require.EqualError(t, err, `invalid MIG config /etc/nvidia-driver/mig.yaml: line 5: layout "a", entry 0: key "devices" given twice (first on line 4)`)
+	require.EqualError(t, err, `invalid MIG config /etc/nvidia-driver/mig.yaml: line 5: layout "a", entry 0, mapping key "devices" already defined at line 4`)
 
 	cfg, err := mig.ParseFile("/etc/nvidia-driver/mig.yaml", []byte("version: v1\nmig-configs:\n  two:\n    - devices: [0, 5]\n      mig-enabled: false\n    - devices:\n        - 1\n        - 7\n      mig-enabled: false\n"))
 	require.NoError(t, err)
@@ -210,7 +210,7 @@ func TestErrorsNameTheFile(t *testing.T) {
 	gpus := []*mig.GPU{{GPU: gpu.GPU{Index: 0}}, {GPU: gpu.GPU{Index: 1}}}
 	_, err = mig.PlanLayout(cfg.WithBuiltins(), "two", gpus)
 
-	var verr *mig.ValidationError
+	var verr *document.Invalid
 	require.ErrorAs(t, err, &verr)
 	assert.Equal(t, "/etc/nvidia-driver/mig.yaml", verr.File)
 	assert.Equal(t, []string{
@@ -278,13 +278,13 @@ func TestParseCapsItsProblems(t *testing.T) {
 
 	_, err := mig.Parse([]byte(b.String()))
 
-	var verr *mig.ValidationError
+	var verr *document.Invalid
 	require.ErrorAs(t, err, &verr)
-	assert.Len(t, verr.Problems, mig.MaxProblems)
-	assert.Equal(t, 10001-mig.MaxProblems, verr.More)
+	assert.Len(t, verr.Problems, document.MaxProblems)
+	assert.Equal(t, 10001-document.MaxProblems, verr.More)
 	assert.Equal(t, `line 4: layout "bad", entry 0, devices[0]: want a GPU index, got "x0"`, verr.Problems[0])
 	assert.Contains(t, err.Error(), "(10001 problems)")
-	assert.True(t, strings.HasSuffix(err.Error(), fmt.Sprintf("\n  - and %d more", 10001-mig.MaxProblems)), err.Error()[len(err.Error())-100:])
+	assert.True(t, strings.HasSuffix(err.Error(), fmt.Sprintf("\n  - and %d more", 10001-document.MaxProblems)), err.Error()[len(err.Error())-100:])
 	assert.Less(t, len(err.Error()), 8000)
 
 	_, err = mig.Parse(fmt.Appendf(nil, "version: v1\nmig-configs:\n  long:\n    - devices: all\n      mig-enabled: %s\n", strings.Repeat("z", 100000)))
@@ -293,8 +293,9 @@ func TestParseCapsItsProblems(t *testing.T) {
 	assert.Less(t, len(verr.Problems[0]), 400)
 }
 
-// TestParseAliasBomb: aliases of aliases that would expand to billions of nodes are read in
-// bounded time, each alias resolved once.
+// TestParseAliasBomb: aliases of aliases that would expand to billions of nodes, in lists or
+// through merge keys, are an error in bounded time (yaml.v3's bound on alias expansion), not
+// a hang.
 func TestParseAliasBomb(t *testing.T) {
 	var b strings.Builder
 
@@ -311,6 +312,20 @@ func TestParseAliasBomb(t *testing.T) {
 	require.Error(t, err)
 	assert.Less(t, time.Since(start), 5*time.Second)
 	assert.Contains(t, err.Error(), `unknown top-level key "a0"`)
+
+	// Merge keys: each map merges four of the one before.
+	b.Reset()
+	b.WriteString("version: v1\nmig-configs:\n  bomb:\n    - &m0 {devices: all, mig-enabled: true, mig-devices: {\"1g.18gb\": 1}}\n")
+
+	for i := 1; i < 30; i++ {
+		fmt.Fprintf(&b, "    - &m%d {<<: [*m%d, *m%d, *m%d, *m%d]}\n", i, i-1, i-1, i-1, i-1)
+	}
+
+	start = time.Now()
+	_, err = mig.Parse([]byte(b.String()))
+	require.Error(t, err)
+	assert.Less(t, time.Since(start), 5*time.Second)
+	assert.Contains(t, err.Error(), `line 8: layout "bomb", entry 4, document contains excessive aliasing`)
 }
 
 // TestLoadFileSizeLimit: a layouts file larger than document.MaxFileSize is refused before it

@@ -137,9 +137,12 @@ func readProfiles(base gpu.GPU, dev nvml.Device, known map[uint32]models.Model) 
 			return nil, fmt.Errorf("gpu %d: get placements of GPU instance profile %d: %w", g.Index, idx, ret)
 		}
 
-		g.Profiles = append(g.Profiles, GIProfileInfo{
-			Index: idx, Name: giProfileName(idx, info, g.MemoryBytes), Info: info, Placements: pls,
-		})
+		name, err := giProfileName(idx, info, g.MemoryBytes)
+		if err != nil {
+			return nil, fmt.Errorf("gpu %d: %w", g.Index, err)
+		}
+
+		g.Profiles = append(g.Profiles, GIProfileInfo{Index: idx, Name: name, Info: info, Placements: pls})
 	}
 
 	g.ComputeProfiles = computeProfiles(g, known)

@@ -100,8 +100,8 @@ func PlanLayout(cfg *Config, layout string, gpus []*GPU) (*Plan, error) {
 	plan := &Plan{Layout: layout}
 
 	// Indices past the node's GPUs are a mistake in the file, not GPUs to skip.
-	if problems := cfg.outOfRange(entries, len(gpus)); len(problems) > 0 {
-		return nil, &ValidationError{File: cfg.Source, Problems: problems}
+	if err := cfg.outOfRange(entries, len(gpus)); err != nil {
+		return nil, err
 	}
 
 	var problems []string
@@ -149,8 +149,9 @@ func describeGPUs(gpus []GPUPlan) string {
 	return strings.Join(ids, ", ")
 }
 
-func (c *Config) outOfRange(entries []Entry, count int) []string {
-	var problems []string
+// outOfRange is the error of the GPU indices past the node's GPUs, or nil.
+func (c *Config) outOfRange(entries []Entry, count int) error {
+	problems := invalid(c.Source)
 
 	for _, e := range entries {
 		for i, idx := range e.Devices {
@@ -163,12 +164,12 @@ func (c *Config) outOfRange(entries []Entry, count int) []string {
 				where = fmt.Sprintf("line %d: ", e.DeviceLines[i])
 			}
 
-			problems = append(problems, fmt.Sprintf("%s%s, devices[%d]: GPU %d does not exist: the node has %d GPU(s), indices 0 to %d",
-				where, e.where(), i, idx, count, count-1))
+			problems.Addf("%s%s, devices[%d]: GPU %d does not exist: the node has %d GPU(s), indices 0 to %d",
+				where, e.where(), i, idx, count, count-1)
 		}
 	}
 
-	return problems
+	return problems.Err()
 }
 
 func (e Entry) matches(g *GPU) bool {
@@ -303,7 +304,7 @@ func generic(name string, g *GPU) (map[string]int, error) {
 
 		for i := range g.Profiles {
 			p := &g.Profiles[i]
-			if profileAttr(p.Index) == "" && (best == nil || p.Info.SliceCount > best.Info.SliceCount) {
+			if !strings.ContainsAny(p.Name, "+-") && (best == nil || p.Info.SliceCount > best.Info.SliceCount) {
 				best = p
 			}
 		}

@@ -2,14 +2,17 @@ package mig
 
 import (
 	"fmt"
-	"math"
-	"regexp"
-	"strconv"
+	"strings"
 
+	nvdev "github.com/NVIDIA/go-nvlib/pkg/nvlib/device"
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 
 	"github.com/talos-nvidia/nvidia-driver/pkg/gpu/models"
 )
+
+// nvlib is go-nvlib's device library, for its MIG profile names and grammar: mig-parted and
+// the device plugin use them, so the names here are theirs. Neither needs NVML.
+var nvlib = nvdev.New(nil)
 
 // Profile is a parsed MIG profile name: [<c>c.]<g>g.<gb>gb[attribute].
 type Profile struct {
@@ -17,35 +20,56 @@ type Profile struct {
 	Attr     string // "", "+me", "+me.all", "+gfx", "-me"
 }
 
-var profileRE = regexp.MustCompile(`^(?:([0-9]+)c\.)?([0-9]+)g\.([0-9]+)gb(\+me|\+me\.all|\+gfx|-me)?$`)
+// profileForm says what a profile name looks like: go-nvlib's grammar, narrowed to the
+// attributes NVML's profiles have.
+const profileForm = "want <g>g.<gb>gb or <c>c.<g>g.<gb>gb, optionally followed by +me, +me.all, +gfx or -me"
 
-// ParseProfile parses a profile name such as 3g.40gb, 1c.3g.40gb or 1g.10gb+me.
+var nvmlAttrs = map[string]bool{"": true, "+me": true, "+me.all": true, "+gfx": true, "-me": true}
+
+// ParseProfile parses a profile name such as 3g.40gb, 1c.3g.40gb or 1g.10gb+me. It takes
+// only what go-nvlib's AssertValidMigProfileFormat (mig-parted's check of a file) takes, and
+// of that only the profiles a GPU can have: mig-parted would fail on the others when it
+// applies them, or, for a compute part as large as its GPU instance, never see them applied.
 func ParseProfile(s string) (Profile, error) {
-	m := profileRE.FindStringSubmatch(s)
-	if m == nil {
-		return Profile{}, fmt.Errorf("invalid profile %q: want <g>g.<gb>gb or <c>c.<g>g.<gb>gb, optionally followed by +me, +me.all, +gfx or -me", s)
+	var p Profile
+
+	// go-nvlib's form, [<c>c.]<g>g.<gb>gb then + or - and attributes, with NVML's attributes.
+	name := s
+	if i := strings.IndexAny(s, "+-"); i >= 0 {
+		name, p.Attr = s[:i], s[i:]
 	}
 
-	g, _ := strconv.Atoi(m[2])
-	gb, _ := strconv.Atoi(m[3])
-	c := g
+	if nvlib.AssertValidMigProfileFormat(s) != nil || !nvmlAttrs[p.Attr] {
+		return Profile{}, fmt.Errorf("invalid profile %q: %s", s, profileForm)
+	}
 
-	if m[1] != "" {
-		c, _ = strconv.Atoi(m[1])
+	withC := strings.Count(name, ".") == 2
+
+	format, fields := "%dg.%dgb", []any{&p.G, &p.GB}
+	if withC {
+		format, fields = "%dc.%dg.%dgb", []any{&p.C, &p.G, &p.GB}
+	}
+
+	if _, err := fmt.Sscanf(name, format, fields...); err != nil { // not for a name go-nvlib takes
+		return Profile{}, fmt.Errorf("invalid profile %q: %w", s, err)
+	}
+
+	if !withC {
+		p.C = p.G
 	}
 
 	switch {
-	case g < 1 || g > 8:
-		return Profile{}, fmt.Errorf("invalid profile %q: %d GPU slices (want 1 to 8)", s, g)
-	case c < 1 || c > g:
-		return Profile{}, fmt.Errorf("invalid profile %q: %d compute slices (want 1 to %d)", s, c, g)
-	case m[1] != "" && c == g:
-		return Profile{}, fmt.Errorf("invalid profile %q: a compute instance of the whole GPU instance is written %dg.%dgb%s", s, g, gb, m[4])
-	case gb < 1:
+	case p.G < 1 || p.G > 8:
+		return Profile{}, fmt.Errorf("invalid profile %q: %d GPU slices (want 1 to 8)", s, p.G)
+	case p.C < 1 || p.C > p.G:
+		return Profile{}, fmt.Errorf("invalid profile %q: %d compute slices (want 1 to %d)", s, p.C, p.G)
+	case withC && p.C == p.G:
+		return Profile{}, fmt.Errorf("invalid profile %q: a compute instance of the whole GPU instance is written %s", s, p.GIName())
+	case p.GB < 1:
 		return Profile{}, fmt.Errorf("invalid profile %q: memory must be at least 1gb", s)
 	}
 
-	return Profile{C: c, G: g, GB: gb, Attr: m[4]}, nil
+	return p, nil
 }
 
 // GIName is the name of the GPU-instance profile (no compute part).
@@ -68,33 +92,20 @@ func ciName(giName string, giSlices, c uint32) string {
 	return fmt.Sprintf("%dc.%s", c, giName)
 }
 
-// giProfileName names a GPU-instance profile the way nvidia-smi and
-// go-nvlib do: memory as a fraction of the GPU rounded up to eighths, times
-// the GPU's memory in whole GB, plus the attribute of the profile index.
-func giProfileName(index int, info nvml.GpuInstanceProfileInfo, deviceMemoryBytes uint64) string {
-	const gib = 1024 * 1024 * 1024
-
-	frac := float64(info.MemorySizeMB*1024*1024) / float64(deviceMemoryBytes)
-	frac = math.Ceil(frac*8) / 8
-	gb := uint64(math.Round(frac * float64((deviceMemoryBytes+gib-1)/gib)))
-
-	return fmt.Sprintf("%dg.%dgb%s", info.SliceCount, gb, profileAttr(index))
-}
-
-func profileAttr(index int) string {
-	switch index {
-	case nvml.GPU_INSTANCE_PROFILE_1_SLICE_REV1, nvml.GPU_INSTANCE_PROFILE_2_SLICE_REV1:
-		return "+me"
-	case nvml.GPU_INSTANCE_PROFILE_1_SLICE_ALL_ME, nvml.GPU_INSTANCE_PROFILE_2_SLICE_ALL_ME:
-		return "+me.all"
-	case nvml.GPU_INSTANCE_PROFILE_1_SLICE_GFX, nvml.GPU_INSTANCE_PROFILE_2_SLICE_GFX,
-		nvml.GPU_INSTANCE_PROFILE_4_SLICE_GFX, nvml.GPU_INSTANCE_PROFILE_3_SLICE_GFX:
-		return "+gfx"
-	case nvml.GPU_INSTANCE_PROFILE_1_SLICE_NO_ME, nvml.GPU_INSTANCE_PROFILE_2_SLICE_NO_ME:
-		return "-me"
+// giProfileName is go-nvlib's name of a GPU-instance profile (the device plugin's and
+// mig-parted's): the profile with its full-size compute instance.
+func giProfileName(index int, info nvml.GpuInstanceProfileInfo, deviceMemoryBytes uint64) (string, error) {
+	suffix := ""
+	if index == nvml.GPU_INSTANCE_PROFILE_3_SLICE_GFX { // past go-nvlib v0.12.0's list
+		index, suffix = nvml.GPU_INSTANCE_PROFILE_3_SLICE, "+gfx"
 	}
 
-	return ""
+	p, err := nvlib.NewMigProfile(index, ciProfileIndex(info.SliceCount), nvml.COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED, info.MemorySizeMB, deviceMemoryBytes)
+	if err != nil {
+		return "", fmt.Errorf("GPU instance profile %d: %w", index, err)
+	}
+
+	return p.String() + suffix, nil
 }
 
 // ruleCIProfiles are the compute profiles of a GPU instance of g slices for a GPU model

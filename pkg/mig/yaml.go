@@ -1,12 +1,16 @@
 package mig
 
 // What YAML itself decides before the layout rules apply: booleans as mig-parted's YAML 1.1
-// reads them, anchors, aliases and merge keys, and where in the file a syntax error is.
+// reads them, and where in the file a syntax error is; and the helpers of the fields'
+// UnmarshalYAML.
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
+	"maps"
 	"regexp"
+	"slices"
 	"strings"
 	"unicode/utf8"
 
@@ -55,106 +59,58 @@ func describeScalar(n *yaml.Node) string {
 	return fmt.Sprintf("%q", n.Value)
 }
 
-// maxResolvedNodes bounds the nodes that resolving aliases and merge keys may make: a file of
-// aliases of aliases (a "billion laughs") is an error, not a hang.
-const maxResolvedNodes = 1 << 20
+// deref is the node an alias names, or n. Only values in a list or map a field's own
+// UnmarshalYAML reads may still be aliases: yaml.v3 resolves the rest.
+func deref(n *yaml.Node) *yaml.Node {
+	if n.Kind == yaml.AliasNode {
+		return n.Alias
+	}
 
-// resolver gives a document with aliases replaced by what they name and merge keys (<<)
-// expanded as the YAML merge key type says (yaml.org/type/merge.html): a map's own keys win
-// over merged ones, and of several merged maps the first wins. Each node is resolved once.
-type resolver struct {
-	p     *parser
-	done  map[*yaml.Node]*yaml.Node
-	nodes int
+	return n
 }
 
-func (r *resolver) resolve(n *yaml.Node) *yaml.Node {
-	if out, ok := r.done[n]; ok {
-		return out
-	}
+// byPlace returns m's keys in the order their values stand in the file.
+func byPlace(m map[string]yaml.Node) []string {
+	keys := slices.Collect(maps.Keys(m))
+	slices.SortFunc(keys, func(a, b string) int {
+		return cmp.Or(cmp.Compare(m[a].Line, m[b].Line), cmp.Compare(m[a].Column, m[b].Column), strings.Compare(a, b))
+	})
 
-	if r.nodes++; r.nodes > maxResolvedNodes {
-		if r.nodes == maxResolvedNodes+1 {
-			r.p.addf("%s: the document's aliases expand to more than %d nodes", line(n), maxResolvedNodes)
-		}
-
-		return &yaml.Node{Kind: yaml.ScalarNode, Line: n.Line, Column: n.Column}
-	}
-
-	var out *yaml.Node
-
-	switch n.Kind {
-	case yaml.AliasNode:
-		out = r.resolve(n.Alias)
-	case yaml.SequenceNode:
-		c := *n
-		c.Content = make([]*yaml.Node, len(n.Content))
-
-		for i, item := range n.Content {
-			c.Content[i] = r.resolve(item)
-		}
-
-		out = &c
-	case yaml.MappingNode:
-		out = r.mapping(n)
-	default:
-		out = n
-	}
-
-	r.done[n] = out
-
-	return out
+	return keys
 }
 
-func isMergeKey(k *yaml.Node) bool {
-	return k.Kind == yaml.ScalarNode && k.ShortTag() == "!!merge"
+// typeErrors are a value's problems as yaml.v3 words its own, "line N: ...": returned as a
+// yaml.TypeError, they are collected with the rest of the file's and decoding goes on.
+type typeErrors []string
+
+func (t *typeErrors) addf(n *yaml.Node, format string, args ...any) {
+	*t = append(*t, fmt.Sprintf("line %d: ", n.Line)+fmt.Sprintf(format, args...))
 }
 
-func (r *resolver) mapping(n *yaml.Node) *yaml.Node {
-	c := *n
-	c.Content = nil
-
-	own := map[string]bool{}
-
-	var merged []*yaml.Node
-
-	for i := 0; i+1 < len(n.Content); i += 2 {
-		k, v := r.resolve(n.Content[i]), n.Content[i+1]
-		if !isMergeKey(k) {
-			own[k.Value] = true
-			c.Content = append(c.Content, k, r.resolve(v))
-
-			continue
-		}
-
-		switch rv := r.resolve(v); rv.Kind {
-		case yaml.MappingNode:
-			merged = append(merged, rv)
-		case yaml.SequenceNode:
-			for _, item := range rv.Content {
-				if item.Kind != yaml.MappingNode {
-					r.p.addf("%s: <<: a merge key takes a map or a list of maps, got %s in the list", line(item), describeScalar(item))
-
-					continue
-				}
-
-				merged = append(merged, item)
-			}
-		default:
-			r.p.addf("%s: <<: a merge key takes a map or a list of maps, got %s", line(v), describeScalar(rv))
-		}
+func (t typeErrors) err() error {
+	if len(t) == 0 {
+		return nil
 	}
 
-	for _, m := range merged {
-		for i := 0; i+1 < len(m.Content); i += 2 {
-			if k := m.Content[i]; !own[k.Value] {
-				own[k.Value] = true
-				c.Content = append(c.Content, k, m.Content[i+1])
-			}
-		}
+	return &yaml.TypeError{Errors: t}
+}
+
+func problem(n *yaml.Node, format string, args ...any) error {
+	var t typeErrors
+	t.addf(n, format, args...)
+
+	return t.err()
+}
+
+// problemsOf is a decoding error as "line N: ..." problems: a TypeError's, or, for an error
+// that stopped yaml.v3 (aliases past its bound, a merge key of no map), one at n's line.
+func problemsOf(n *yaml.Node, err error) []string {
+	var te *yaml.TypeError
+	if errors.As(err, &te) {
+		return te.Errors
 	}
 
-	return &c
+	return []string{fmt.Sprintf("line %d: %s", n.Line, strings.TrimPrefix(err.Error(), "yaml: "))}
 }
 
 // notUTF8 says where data stops being UTF-8 (YAML's own error gives no line), or "".
@@ -189,11 +145,6 @@ var yamlLineRE = regexp.MustCompile(`^yaml: line (\d+): `)
 // scanner names the line before the tab's; the line is then the first indented with a tab.
 func syntaxError(data []byte, err error) string {
 	msg := err.Error()
-
-	var te *yaml.TypeError
-	if errors.As(err, &te) {
-		return "not YAML: " + strings.Join(te.Errors, "; ")
-	}
 
 	m := yamlLineRE.FindStringSubmatch(msg)
 	if m == nil {
