@@ -1,7 +1,9 @@
 package driverroot
 
 import (
+	"errors"
 	"fmt"
+	"io/fs"
 	"path/filepath"
 
 	"github.com/talos-nvidia/nvidia-driver/pkg/atomicfile"
@@ -38,4 +40,20 @@ func MarkNotReady(dir string) error {
 	}
 
 	return nil
+}
+
+// CheckReadyDir says whether the readiness files in dir can be withdrawn (MarkNotReady): not
+// through a link on the way to dir, which is refused with an error naming it. A dir not made
+// yet holds no file to withdraw.
+func CheckReadyDir(dir string) error {
+	d, err := atomicfile.OpenDirNoSymlinks(dir, false, 0)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil
+	}
+
+	if err != nil {
+		return fmt.Errorf("the readiness files cannot be withdrawn: %w", err)
+	}
+
+	return d.Close()
 }

@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"strings"
 
+	"github.com/talos-nvidia/nvidia-driver/pkg/driverroot"
 	"github.com/talos-nvidia/nvidia-driver/pkg/mig"
 )
 
@@ -51,6 +52,13 @@ func (r *Runner) bringUpMIG(ctx context.Context) error {
 	attempts := 0
 
 	err := r.waitFor(ctx, fmt.Sprintf("MIG layout %q", r.cfg.MIGLayout), func() error {
+		// The job withdraws the readiness files before its first change, and refuses every
+		// GPU where it cannot (a link at their directory): a fault on the host path, waited
+		// out until it clears like every other, not an attempt of the layout.
+		if err := driverroot.CheckReadyDir(r.cfg.ValidationsDir()); err != nil {
+			return err
+		}
+
 		attempts++
 
 		err := r.applyMIG(ctx)

@@ -402,3 +402,56 @@ func TestLayoutThatCannotBeAppliedLeavesTheGPUsServed(t *testing.T) {
 		})
 	}
 }
+
+// TestLinkAtValidationsIsRetriedUntilReplaced: the readiness directory is a link. The MIG
+// job, which withdraws the readiness files before its first change, is refused before it
+// touches a GPU, and the layout is retried, the status naming the link, for as long as the
+// link is there (many more tries than a layout that fails half-way gets); once the link is
+// replaced by a directory the layout is applied and the node is ready, without a restart
+// (issue 50: it used to come up degraded, the layout failed until a restart).
+func TestLinkAtValidationsIsRetriedUntilReplaced(t *testing.T) {
+	gpus := sim.New(testutil.Model(t, "h200"), 1)
+	m := newMIGNode(t, gpus, `version: v1
+mig-configs:
+  halves:
+    - devices: all
+      mig-enabled: true
+      mig-devices: {"3g.71gb": 2}
+`)
+
+	elsewhere := filepath.Join(m.host, "etc/elsewhere")
+	require.NoError(t, os.MkdirAll(elsewhere, 0o755))
+	link := filepath.Join(m.host, "run/nvidia/validations")
+	require.NoError(t, os.MkdirAll(filepath.Dir(link), 0o755))
+	require.NoError(t, os.Symlink(elsewhere, link))
+
+	r, logs := m.runner("halves", false)
+	n := runNode(t, r, logs)
+
+	st := n.waitFor("the link named", func(st node.Status) bool {
+		return settled(st) || st.Phase == node.PhaseWaiting && strings.Contains(st.Message, link)
+	})
+	require.Equal(t, node.PhaseWaiting, st.Phase, "%s\n%s", st.Message, logs)
+
+	time.Sleep(300 * time.Millisecond) // some fifteen tries at 10-20 ms
+
+	st = r.Status()
+	require.Equal(t, node.PhaseWaiting, st.Phase, "still retried: %s\n%s", st.Message, logs)
+	assert.Contains(t, st.Message, link)
+	per, _ := m.calls()
+	assert.Empty(t, per, "no GPU touched while the link is there")
+
+	require.NoError(t, os.Remove(link))
+	require.NoError(t, os.MkdirAll(link, 0o755)) // a retry may have made it first
+
+	st = n.waitFor("ready", settled)
+	require.Equal(t, node.PhaseReady, st.Phase, "%s\n%s", st.Message, logs)
+	require.Len(t, st.MIG, 1)
+	assert.Equal(t, mig.ResultSuccess, st.MIG[0].Result, st.MIG[0].Message)
+	assert.Equal(t, nvml.DEVICE_MIG_ENABLE, gpus.State(0).MigMode)
+	assert.FileExists(t, m.readyFile())
+
+	entries, err := os.ReadDir(elsewhere)
+	require.NoError(t, err)
+	assert.Empty(t, entries, "nothing written through the link")
+}
