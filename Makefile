@@ -14,8 +14,10 @@
 #   make test     what CI runs (installs what the tests need first): every module's tests in
 #                 full, the real Kubernetes node (test-k8s-node), the simulated GPU node
 #                 (test-k8s-sim), NVIDIA's GPU Operator's setup 1 on it, up to its documented
-#                 stop (test-k8s-sim-operator), the real Talos node's document and reboot checks (test-talos-node,
-#                 Talos v1.14.1), simulated GPUs on that node's kubelet (test-talos-simgpu, core)
+#                 stop (test-k8s-sim-operator), NVIDIA's container toolkit's NRI plugin there
+#                 beside deploy/'s device plugin (test-k8s-sim-nri), the real Talos node's
+#                 document and reboot checks (test-talos-node, Talos v1.14.1), simulated GPUs
+#                 on that node's kubelet (test-talos-simgpu, core)
 #   make test-talos-node-1.13 the same checks on Talos v1.13.9
 #   make test-talos-k8s       Kubernetes and deploy/ on the real Talos node
 #   make test-talos-controls  the Talos node's three controls, each on its own boot
@@ -169,8 +171,8 @@ check: lint
 # idle while it downloads and waits on its containers and nodes; the Talos node's document and
 # reboot checks (test-talos-node) and then its simulated GPUs (test-talos-simgpu's core checks:
 # boot, allocatable, a 2-GPU pod and a no-GPU pod) follow there, beside the foreground's module
-# tests, Kubernetes node, simulated GPU node and GPU Operator. The script says what each line
-# waits for.
+# tests, Kubernetes node, simulated GPU node, GPU Operator and NRI plugin. The script says what
+# each line waits for.
 test: deps
 	MAKE="$(MAKE)" OUT="$(OUT)" TEST_MODULES="$(TEST_MODULES)" GO_TEST="$(GO_TEST)" \
 	  TALOS_NODE_EXTENSION="$(TALOS_NODE_EXTENSION)" TALOS_NODE_RUN="$(TALOS_NODE_RUN)" hack/dev/make-test.sh

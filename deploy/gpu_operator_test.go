@@ -30,15 +30,9 @@ func skipOutsideCI(t *testing.T, format string, args ...any) {
 	t.Skipf(format, args...)
 }
 
-// gpuOperatorChart returns the chart's directory in the module cache and the module@version,
-// or GPU_OPERATOR_CHART's chart where that is set (by hand: v26.7.0's
-// deployments/gpu-operator from a checkout, which the module proxy does not serve).
+// gpuOperatorChart returns the chart's directory in the module cache and the module@version.
 func gpuOperatorChart(t *testing.T) (string, string) {
 	t.Helper()
-	if dir := os.Getenv("GPU_OPERATOR_CHART"); dir != "" {
-		require.FileExists(t, filepath.Join(dir, "Chart.yaml"))
-		return dir, "GPU_OPERATOR_CHART=" + dir
-	}
 	modDir := filepath.Join(root, "hack", "k8s-node", "validator")
 	gomod, err := os.ReadFile(filepath.Join(modDir, "go.mod"))
 	require.NoError(t, err)
@@ -224,9 +218,9 @@ func TestGPUOperatorCozystackValues(t *testing.T) {
 	assert.Contains(t, string(overlay), "--from-file=dcgm-metrics.csv=deploy/dcgm-exporter/counters.csv")
 	require.FileExists(t, filepath.Join("dcgm-exporter", "counters.csv"))
 
-	// cdi.nriPluginEnabled arrived with v26.7.0. The module version is older: where its CRD
-	// lacks the field, the chart renders none (the values key is ignored), and only what it
-	// does render is checked; with v26.7.0's chart the policy must carry it.
+	// cdi.nriPluginEnabled arrived with v26.7.0, which the module proxy does not serve. Where
+	// the module version's CRD lacks the field, the chart renders none (the values key is
+	// ignored), and only what it does render is checked; a chart whose CRD has it must render it.
 	if get(schema, "properties", "spec", "properties", "cdi", "properties", "nriPluginEnabled") != nil {
 		assert.Equal(t, true, get(spec, "cdi", "nriPluginEnabled"))
 	} else {

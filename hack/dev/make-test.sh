@@ -14,8 +14,9 @@
 #               the same machine, 2026-12-05): its emulated control plane fell behind its own
 #               timeouts.
 #   foreground  build, lint and the extension; the node runtime (the tests' runc is its); every
-#               module's tests; the Kubernetes node, the simulated GPU node and the GPU
-#               Operator's setup 1 on it; last, the simulated GPU extensions for the Talos node.
+#               module's tests; the Kubernetes node, the simulated GPU node, the GPU Operator's
+#               setup 1 on it and the container toolkit's NRI plugin there; last, the simulated
+#               GPU extensions for the Talos node.
 # The background's logs are printed at the end, and make test fails when either line failed.
 # A failure in the foreground stops the background (the node scripts' traps stop their guests).
 # From the Makefile: MAKE, OUT, TEST_MODULES, GO_TEST, TALOS_NODE_EXTENSION, TALOS_NODE_RUN.
@@ -103,6 +104,7 @@ touch "$bg/k8s.started"
 "$MAKE" --no-print-directory test-k8s-node || fail "test-k8s-node"
 "$MAKE" --no-print-directory test-k8s-sim || fail "test-k8s-sim"
 "$MAKE" --no-print-directory test-k8s-sim-operator || fail "test-k8s-sim-operator"
+"$MAKE" --no-print-directory test-k8s-sim-nri || fail "test-k8s-sim-nri"
 hack/talos-node/simgpu/build.sh || fail "the simulated GPU extensions for the Talos node"
 touch "$bg/foreground.done"
 

@@ -141,10 +141,10 @@ func TestMakeTestPassesWhenBothLinesPass(t *testing.T) {
 	// The Talos node's checks start once every module's tests are done (they leave no CPU idle).
 	require.Less(t, lastIndex(t, res.log, "gotest "), index(t, res.log, "talos-node/test.sh"))
 	// The simulated GPUs' guest runs once the foreground is done.
-	require.Less(t, index(t, res.log, "make --no-print-directory test-k8s-sim-operator"), index(t, res.log, "test-simgpu.sh"))
+	require.Less(t, index(t, res.log, "make --no-print-directory test-k8s-sim-nri"), index(t, res.log, "test-simgpu.sh"))
 	index(t, res.log, "talos-node/test.sh _out/extensions/dev _out/talos-node/v1.14.1/run kubernetes=0")
 	index(t, res.log, "test-simgpu.sh _out/talos-node/v1.14.1/simgpu checks=core")
-	for _, target := range []string{"test-k8s-node", "test-k8s-sim", "test-k8s-sim-operator"} {
+	for _, target := range []string{"test-k8s-node", "test-k8s-sim", "test-k8s-sim-operator", "test-k8s-sim-nri"} {
 		index(t, res.log, "make --no-print-directory "+target)
 	}
 	require.Len(t, res.pids, 2)
@@ -164,7 +164,7 @@ func TestMakeTestFailsWhenTheBackgroundFails(t *testing.T) {
 			require.Contains(t, res.out, tc.line)
 			require.Contains(t, res.out, "make test: FAIL")
 			// The foreground ran to its end all the same.
-			index(t, res.log, "make --no-print-directory test-k8s-sim-operator")
+			index(t, res.log, "make --no-print-directory test-k8s-sim-nri")
 		})
 	}
 }

@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # The GPU Operator's runs of one GPU-host session, one after the other on the same machine, so
-# that their measurements compare (docs/gpu-operator.md "On the H200 test host"):
+# that their measurements compare (docs/gpu-operator.md):
 #   deploy   deploy/'s own DaemonSets (hack/gpu-host/gpu-run.sh, test-gpu.sh), the baseline;
-#   setup2   the operator with values-nri.yaml (GPU_OPERATOR_OUT=_out/gpu-operator-nri), NRI on
-#            as in Talos v1.14.1, the restart checks included;
-#   control  setup 2 with K8S_NODE_CUDA_FAULT=1: the CUDA pods fail, so its exit code must;
+#   nri      setup 2's working part: NVIDIA's container toolkit in NRI plugin mode beside
+#            deploy/'s device plugin (hack/gpu-host/gpu-nri.sh, hack/nri/test-nri.sh), NRI on
+#            as in Talos v1.14.1;
+#   control  nri with K8S_NODE_CUDA_FAULT=1: the CUDA pods fail, so its exit code must;
 #   setup1   the operator with values-cdi.yaml (_out/gpu-operator), which by the operator's
 #            source stops at the validator's toolkit check (docs/gpu-operator.md): run with
 #            GPU_OPERATOR_EXPECT_STOP=toolkit, whose checks are that it stops there and nowhere
@@ -12,8 +13,8 @@
 # Each run's output in RESULTS/NAME (gpu-run.sh's gpu-run.log and k8s-logs.tar.xz); then
 # RESULTS/summary.txt: every PASS, FAIL and MEASURE line and each run's exit code, and the
 # verdict. Exits 0 only when every run came out as said above. Unpack node.tar.xz,
-# tree.tar.xz and gpu-operator.tar.xz (GPU_OPERATOR_BUILDS with both builds,
-# hack/gpu-operator/carry.sh) into one directory first. RUNS picks some of them.
+# tree.tar.xz, gpu-operator.tar.xz (hack/gpu-operator/carry.sh) and nri.tar.xz
+# (hack/nri/carry.sh) into one directory first. RUNS picks some of them.
 #
 #   hack/gpu-host/gpu-operator-runs.sh RESULTS
 set -uo pipefail
@@ -22,13 +23,13 @@ top=$(cd "$here/../.." && pwd)
 res=${1:?usage: gpu-operator-runs.sh RESULTS}
 mkdir -p "$res"
 declare -A rcs
-read -r -a runs <<<"${RUNS:-deploy setup2 control setup1}"
+read -r -a runs <<<"${RUNS:-deploy nri control setup1}"
 for run in "${runs[@]}"; do
 	echo "== $run: start $(date -u +%T)"
 	case $run in
 	deploy) OUT=$res/$run "$here/gpu-run.sh" ;;
-	setup2) OUT=$res/$run GPU_OPERATOR_OUT=$top/_out/gpu-operator-nri "$here/gpu-operator.sh" ;;
-	control) OUT=$res/$run K8S_NODE_CUDA_FAULT=1 K8S_NODE_OPERATOR_RESTARTS=0 GPU_OPERATOR_OUT=$top/_out/gpu-operator-nri "$here/gpu-operator.sh" ;;
+	nri) OUT=$res/$run "$here/gpu-nri.sh" ;;
+	control) OUT=$res/$run K8S_NODE_CUDA_FAULT=1 "$here/gpu-nri.sh" ;;
 	setup1) OUT=$res/$run GPU_OPERATOR_EXPECT_STOP=toolkit GPU_OPERATOR_OUT=$top/_out/gpu-operator "$here/gpu-operator.sh" ;;
 	*) echo "gpu-operator-runs: unknown run $run" >&2; exit 2 ;;
 	esac >/dev/null 2>&1

@@ -2,9 +2,10 @@
 # NVIDIA's GPU Operator, setup 1 (deploy/gpu-operator/values-cdi.yaml), on the GPU test host:
 # hack/gpu-host/gpu-run.sh with hack/gpu-operator/test-operator.sh, from the packs of
 # hack/gpu-host/gpu-run-carry.sh and hack/gpu-operator/carry.sh unpacked into one directory. Output in
-# $OUT as gpu-run.sh's. The build (on a machine with Go and network), for the tag the brief
-# names: hack/gpu-operator/build.sh OPERATOR_CHECKOUT PLUGIN_CHECKOUT (v26.7.0, device plugin
-# v0.20.0); without checkouts it builds the module proxy's operator (as CI does).
+# $OUT as gpu-run.sh's. The build (on a machine with Go and network): hack/gpu-operator/build.sh,
+# the module proxy's operator, as CI builds it. Setup 1 stops at the validator's toolkit check
+# by the operator's source: run it with GPU_OPERATOR_EXPECT_STOP=toolkit, whose checks are that
+# stop (hack/gpu-host/gpu-operator-runs.sh does).
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 go_out=${GPU_OPERATOR_OUT:-$here/../../_out/gpu-operator}

@@ -10,16 +10,19 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-// stub stands in for gpu-run.sh and gpu-operator.sh beside a copy of gpu-operator-runs.sh: it
-// writes the gpu-run.log that the real ones write, with the exit code and lines the test gives
-// the run it plays (told apart by the variables the runs script sets; setup 1 only with the
-// stop checks on).
+// stub stands in for gpu-run.sh, gpu-nri.sh and gpu-operator.sh beside a copy of
+// gpu-operator-runs.sh: it writes the gpu-run.log that the real ones write, with the exit code
+// and lines the test gives the run it plays (told apart by the script it stands in for and the
+// variables the runs script sets; setup 1 only with the stop checks on, the control only as
+// gpu-nri.sh).
 const stub = `#!/usr/bin/env bash
-if [[ ${K8S_NODE_CUDA_FAULT:-0} == 1 ]]; then run=control
-elif [[ ${GPU_OPERATOR_OUT:-} == *-nri ]]; then run=setup2
-elif [[ ${GPU_OPERATOR_EXPECT_STOP:-} == toolkit ]]; then run=setup1
-elif [[ -n ${GPU_OPERATOR_OUT:-} ]]; then run=unknown
-else run=deploy; fi
+case $(basename "$0"):${K8S_NODE_CUDA_FAULT:-0}:${GPU_OPERATOR_EXPECT_STOP:-} in
+gpu-run.sh:0:) run=deploy ;;
+gpu-nri.sh:0:) run=nri ;;
+gpu-nri.sh:1:) run=control ;;
+gpu-operator.sh:0:toolkit) run=setup1 ;;
+*) run=unknown ;;
+esac
 mkdir -p "$OUT"
 rc_var=RC_$run lines_var=LINES_$run
 printf '%b\n' "${!lines_var:-}" >"$OUT/gpu-run.log"
@@ -36,7 +39,7 @@ func runs(t *testing.T, env ...string) (int, string) {
 	bin := filepath.Join(dir, "hack", "gpu-host")
 	require.NoError(t, os.MkdirAll(bin, 0o755))
 	require.NoError(t, os.WriteFile(filepath.Join(bin, "gpu-operator-runs.sh"), script, 0o755))
-	for _, name := range []string{"gpu-run.sh", "gpu-operator.sh"} {
+	for _, name := range []string{"gpu-run.sh", "gpu-nri.sh", "gpu-operator.sh"} {
 		require.NoError(t, os.WriteFile(filepath.Join(bin, name), []byte(stub), 0o755))
 	}
 	res := filepath.Join(dir, "results")
@@ -54,12 +57,12 @@ func runs(t *testing.T, env ...string) (int, string) {
 	return code, string(summary)
 }
 
-// The runs as they should come out: deploy, setup 2 and setup 1 (its checks being its stop at
-// the validator's toolkit check, GPU_OPERATOR_EXPECT_STOP) pass, the control fails.
+// The runs as they should come out: deploy, the NRI plugin and setup 1 (its checks being its
+// stop at the validator's toolkit check, GPU_OPERATOR_EXPECT_STOP) pass, the control fails.
 var good = []string{
 	"RC_deploy=0", "LINES_deploy=k8s-node-gpu: the node reports nvidia.com/gpu: 1 allocatable: PASS",
-	"RC_setup2=0", "LINES_setup2=k8s-node-operator: the ClusterPolicy reached ready (40 s after apply): PASS",
-	"RC_control=1", "LINES_control=k8s-node-operator: op-a: the CUDA vector add is right on the GPU: FAIL",
+	"RC_nri=0", "LINES_nri=k8s-node-nri: containerd: the toolkit's NRI plugin connected and synchronized (4 s after apply): PASS",
+	"RC_control=1", "LINES_control=k8s-node-nri: nri-cuda: the CUDA vector add is right on the GPU: FAIL",
 	"RC_setup1=0",
 	"LINES_setup1=k8s-node-operator: the validator's toolkit-validation failed where the operator's source says it must: PASS",
 }
@@ -84,7 +87,7 @@ func TestGPUOperatorRunsVerdict(t *testing.T) {
 	require.Contains(t, summary, "gpu-operator-runs: verdict 0")
 
 	for name, env := range map[string][]string{
-		"setup 2 failed":     with(good, "RC_setup2=3"),
+		"nri failed":         with(good, "RC_nri=3"),
 		"deploy failed":      with(good, "RC_deploy=1"),
 		"the control passed": with(good, "RC_control=0"),
 		"setup 1 failed":     with(good, "RC_setup1=1"),

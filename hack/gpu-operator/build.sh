@@ -3,56 +3,38 @@
 # (deploy/gpu-operator/values-cdi.yaml: driver and toolkit off, CDI on), and its Helm chart
 # rendered the user way, for the test node (hack/gpu-operator/test-operator.sh):
 #
-#   hack/gpu-operator/build.sh                    (CI) the operator at the version the module
-#                                                 proxy serves, the one hack/k8s-node/validator/go.mod
-#                                                 requires (a 2025-09 pseudo-version; the proxy
-#                                                 serves no release of the module); device plugin
-#                                                 and GFD v0.19.0 from hack/k8s-node/images.sh
-#   hack/gpu-operator/build.sh OPERATOR PLUGIN    the operator at tag v26.7.0 from OPERATOR, a git
-#                                                 repository of NVIDIA/gpu-operator, and the device
-#                                                 plugin and GFD at the tag its values.yaml names
-#                                                 (v0.20.0) from PLUGIN, one of NVIDIA/k8s-device-plugin
+#   hack/gpu-operator/build.sh
+#
+# The operator at the version the module proxy serves, the one hack/k8s-node/validator/go.mod
+# requires (a 2025-09 pseudo-version; the proxy serves no release of the module); the device
+# plugin and GFD v0.19.0 are hack/k8s-node/images.sh's. That version has no NRI mode
+# (cdi.nriPluginEnabled came with v26.7.0), so values that turn the toolkit on (setup 2,
+# values-nri.yaml) are refused: setup 2's working part, the toolkit's NRI plugin on the
+# extension's driver root, is checked by hack/nri (docs/gpu-operator.md).
 #
 # Into GPU_OPERATOR_OUT (default _out/gpu-operator):
 #   rootfs/NAME, rootfs/NAME.flags   each image's root filesystem and packing flags (packed by the
 #                                    test on the node, as images.sh packs; they travel to the GPU
 #                                    host far smaller than the archives):
-#     gpu-operator   the operator (cmd/gpu-operator; from v26.x also cmd/nvidia-validator and
-#                    manage-crds, which its one image carries) in /usr/bin, its assets in
-#                    /opt/gpu-operator (assets/, manifests/, the CRDs), as the tag's
+#     gpu-operator   the operator (cmd/gpu-operator) in /usr/bin, its assets in
+#                    /opt/gpu-operator (assets/, manifests/, the CRDs), as the module's
 #                    docker/Dockerfile lays it out, on hack/k8s-node's distroless-like base
 #                    (glibc, busybox); NVIDIA's CUDA sample vectorAdd is not in it (it needs
 #                    CUDA: test-operator.sh builds a stand-in on the GPU host, see there)
-#     validator      (module version only) the validator (validator/) in /usr/bin and its
-#                    workload manifests in /var/nvidia/manifests, as validator/Dockerfile
-#     device-plugin  (checkout only) the plugin, config-manager, mps-control-daemon and
-#                    gpu-feature-discovery of the tag in /usr/bin, as images.sh builds v0.19.0
-#     toolkit        (when the values file turns the toolkit on: setup 2, values-nri.yaml;
-#                    checkout only) NVIDIA's container toolkit at the version the tag's
-#                    values.yaml names (v1.20.0), from its module: nvidia-ctk-installer in
-#                    /work and the programs it installs in /artifacts/deb/usr/bin, as the
-#                    toolkit's deployments/container/Dockerfile lays them out, without
-#                    libnvidia-container (C, its own repository, not built here; NRI mode
-#                    does not use it), so /work/nvidia-toolkit, which the operator's entrypoint
-#                    execs, is a stand-in: a two-line sh that execs the real installer with
-#                    its testing flag --ignore-errors (which lets it install without
-#                    libnvidia-container.so.1, libnvidia-container-go.so.1 and
-#                    nvidia-container-cli)
-#   gpu-operator.yaml       the chart (deployments/gpu-operator of the same source) rendered with
+#     validator      the validator (validator/) in /usr/bin and its workload manifests in
+#                    /var/nvidia/manifests, as validator/Dockerfile
+#   gpu-operator.yaml       the chart (deployments/gpu-operator of the same module) rendered with
 #                           helm template, GPU_OPERATOR_VALUES (one values file or several,
 #                           space- or colon-separated, in helm's -f order; default
 #                           deploy/gpu-operator/values-cdi.yaml) and the image
 #                           fields of the local images (imagePullPolicy Never), CRDs included
 #   gpu-operator-sim.yaml   the same with the CUDA workload off (validator.cuda.env
 #                           WITH_WORKLOAD=false): for the simulated GPU node, where CUDA cannot run
-#   versions                what was built, from which source and commit
+#   versions                what was built, from which module version
 # Needs make k8s-node (images.sh: the image tool, busybox, bash) and helm in _out/tools
 # (make deploy-tools).
 set -euo pipefail
-tag=v26.7.0
-commit=10ee5b3638b89e11e949412aafa5ba99279c3721
-plugin_tag=v0.20.0
-plugin_commit=1b826acc6af3079d8923bac395c3124b8861a9a6
+[[ $# == 0 ]] || { echo "usage: hack/gpu-operator/build.sh (no arguments: the module proxy's operator)" >&2; exit 2; }
 mod=github.com/NVIDIA/gpu-operator
 
 top=$(cd "$(dirname "$0")/../.." && pwd)
@@ -62,8 +44,7 @@ cache=${XDG_CACHE_HOME:-$HOME/.cache}/nvidia-driver-gpu-operator
 images=${K8S_NODE_IMAGES:-$top/_out/k8s-node/images}
 helm=$top/_out/tools/helm
 # GPU_OPERATOR_VALUES: one values file or several, space- or colon-separated, applied in that
-# order as helm's -f flags (setup 2 with the Cozystack overlay: "values-nri.yaml
-# values-cozystack.yaml").
+# order as helm's -f flags.
 IFS=' :' read -r -a list <<<"${GPU_OPERATOR_VALUES:-}"
 values=()
 for f in "${list[@]}"; do values+=("$(realpath "$f")"); done
@@ -73,7 +54,7 @@ for f in "${values[@]}"; do
 	[[ -f $f ]] || { echo "gpu-operator: values file $f is missing" >&2; exit 2; }
 	values_flags+=(-f "$f")
 done
-# The toolkit is built only when the values turn it on (setup 2): the last file that sets
+# The toolkit on (setup 2) needs an operator with NRI mode: the last file that sets
 # toolkit.enabled decides, as in helm's merge.
 toolkit=$(python3 -c '
 import sys, yaml
@@ -82,6 +63,7 @@ for p in sys.argv[1:]:
     v = yaml.safe_load(open(p)) or {}
     on = (v.get("toolkit") or {}).get("enabled", on)
 print(1 if on else 0)' "${values[@]}")
+[[ $toolkit == 0 ]] || { echo "gpu-operator: ${values[*]} turn the toolkit on (setup 2): the module proxy's operator has no NRI mode; hack/nri checks the toolkit's NRI plugin" >&2; exit 2; }
 for f in "$images/image" "$images/busybox" "$images/bash" "$helm"; do
 	[[ -x $f ]] || { echo "gpu-operator: $f is missing: run make k8s-node deploy-tools" >&2; exit 1; }
 done
@@ -91,40 +73,17 @@ env_path=PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin:/busy
 rm -rf "$out"
 mkdir -p "$out/rootfs" "$out/bin"
 R=$out/rootfs
-if [[ $# -ge 1 ]]; then
-	# --- v26.7.0 from a checkout: the tag's tree outside this checkout, built with its vendor/
-	[[ $# == 2 ]] || { echo "usage: hack/gpu-operator/build.sh [OPERATOR_CHECKOUT PLUGIN_CHECKOUT]" >&2; exit 2; }
-	got=$(git -C "$1" rev-parse --verify -q "$tag^{commit}") || { echo "gpu-operator: $1 has no tag $tag" >&2; exit 1; }
-	[[ $got == "$commit" ]] || { echo "gpu-operator: tag $tag in $1 is $got, not $commit" >&2; exit 1; }
-	got=$(git -C "$2" rev-parse --verify -q "$plugin_tag^{commit}") || { echo "gpu-operator: $2 has no tag $plugin_tag" >&2; exit 1; }
-	[[ $got == "$plugin_commit" ]] || { echo "gpu-operator: tag $plugin_tag in $2 is $got, not $plugin_commit" >&2; exit 1; }
-	src=$cache/gpu-operator-$tag
-	psrc=$cache/k8s-device-plugin-$plugin_tag
-	# Without tests/ (end-to-end suites with vendor trees of their own, not built here; a
-	# snapshot clone may lack some of their largest files).
-	[[ -f $src/go.mod ]] || { rm -rf "$src"; mkdir -p "$src"; git -C "$1" archive "$commit" -- . ':(exclude)tests' | tar -x -C "$src"; }
-	[[ -f $psrc/go.mod ]] || { rm -rf "$psrc"; mkdir -p "$psrc"; git -C "$2" archive "$plugin_commit" -- . ':(exclude)tests' | tar -x -C "$psrc"; }
-	version=$tag
-	gomod=-mod=vendor
-	# The tag's values.yaml names the plugin version this build must match.
-	named=$(awk '/^devicePlugin:/{p=1} p&&/^  version:/{print $2; exit}' "$src/deployments/gpu-operator/values.yaml")
-	[[ $named == "$plugin_tag" ]] || { echo "gpu-operator: $tag's values.yaml names device plugin $named, not $plugin_tag" >&2; exit 1; }
-	toolkit_tag=$(awk '/^toolkit:/{p=1} p&&/^  version:/{print $2; exit}' "$src/deployments/gpu-operator/values.yaml")
-else
-	[[ $toolkit == 0 ]] || { echo "gpu-operator: ${values[*]} turn the toolkit on (NRI mode): that needs v26.7.0 from a checkout (build.sh OPERATOR PLUGIN)" >&2; exit 2; }
-	# --- CI: the module proxy's newest version of the module (a zip without vendor/)
-	modver=$(cd "$top/hack/k8s-node/validator" && go list -m -f '{{.Version}}' $mod)
-	src=$(cd "$top/hack/k8s-node/validator" && go mod download -json "$mod@$modver" | python3 -c 'import json,sys; print(json.load(sys.stdin)["Dir"])')
-	commit=${modver##*-}
-	version=$modver
-	gomod=-mod=readonly
-	plugin_commit=""
-	plugin_tag=$(cd "$top/hack/k8s-node/plugin" && go list -m -f '{{.Version}}' github.com/NVIDIA/k8s-device-plugin)
-fi
+# The module proxy's version of the module (a zip without vendor/).
+modver=$(cd "$top/hack/k8s-node/validator" && go list -m -f '{{.Version}}' $mod)
+src=$(cd "$top/hack/k8s-node/validator" && go mod download -json "$mod@$modver" | python3 -c 'import json,sys; print(json.load(sys.stdin)["Dir"])')
+commit=${modver##*-}
+version=$modver
+gomod=-mod=readonly
+plugin_tag=$(cd "$top/hack/k8s-node/plugin" && go list -m -f '{{.Version}}' github.com/NVIDIA/k8s-device-plugin)
 echo "gpu-operator: $version ($commit) from $src" >&2
 ld="-s -w -X $mod/internal/info.gitCommit=$commit -X $mod/internal/info.version=$version"
 
-# The operator's image: its Makefile's cmd-% rule (CGO off) for each program the tag's
+# The operator's image: its Makefile's cmd-% rule (CGO off) for each program its
 # Dockerfile copies, and the assets where the operator reads them (/opt/gpu-operator).
 r=$R/gpu-operator
 "$top/hack/k8s-node/images.sh" base "$r"
@@ -158,52 +117,8 @@ if [[ ! -d $src/cmd/nvidia-validator ]]; then
 fi
 echo "gpu-operator: operator and validator built in $((SECONDS - t0)) s" >&2
 
-if [[ $# -ge 1 ]]; then
-	# The device plugin and GFD of the tag the operator's values name, with its Makefile's
-	# cmd-% flags (cgo; go-nvml's link flags), as images.sh builds v0.19.0.
-	r=$R/device-plugin
-	"$top/hack/k8s-node/images.sh" base "$r"
-	ppkg=github.com/NVIDIA/k8s-device-plugin
-	(cd "$psrc" && CGO_ENABLED=1 CGO_LDFLAGS_ALLOW='-Wl,--unresolved-symbols=ignore-in-object-files' nice -n 10 \
-		go build -mod=vendor -trimpath -o "$r/usr/bin/" -ldflags "-s -w \
-		'-extldflags=-Wl,--export-dynamic -Wl,--unresolved-symbols=ignore-in-object-files' \
-		-X $ppkg/internal/info.version=$plugin_tag -X $ppkg/internal/info.gitCommit=$plugin_commit" \
-		./cmd/nvidia-device-plugin ./cmd/config-manager ./cmd/mps-control-daemon ./cmd/gpu-feature-discovery)
-	install -m 0755 "$images/bash" "$r/bin/bash"
-	mkdir -p "$r/licenses" && cp "$psrc/LICENSE" "$r/licenses/"
-	printf '%s\n' -ref "nvcr.io/nvidia/k8s-device-plugin:$plugin_tag" -entrypoint nvidia-device-plugin \
-		-env "$env_path" -env NVIDIA_DISABLE_REQUIRE=true -env NVIDIA_VISIBLE_DEVICES=all \
-		-env NVIDIA_DRIVER_CAPABILITIES=compute,utility >"$R/device-plugin.flags"
-fi
-if [[ $toolkit == 1 ]]; then
-	# NVIDIA's container toolkit at the version the operator's values.yaml names, from its
-	# module (the toolkit's Makefile cmd-% flags: cgo, its extldflags), laid out as its
-	# deployments/container/Dockerfile lays out its application stage.
-	tmod=github.com/NVIDIA/nvidia-container-toolkit
-	tsrc=$(cd "$top/hack/gpu-operator" && go mod download -json "$tmod@$toolkit_tag" | python3 -c 'import json,sys; print(json.load(sys.stdin)["Dir"])')
-	r=$R/toolkit
-	"$top/hack/k8s-node/images.sh" base "$r"
-	mkdir -p "$r/work" "$r/artifacts/deb/usr/bin" "$r/licenses"
-	t0=$SECONDS
-	(cd "$tsrc" && CGO_ENABLED=1 nice -n 10 go build -mod=readonly -trimpath -o "$r/artifacts/deb/usr/bin/" -ldflags "-s -w \
-		'-extldflags=-Wl,--export-dynamic -Wl,--unresolved-symbols=ignore-in-object-files -Wl,-z,lazy' \
-		-X $tmod/internal/info.version=$toolkit_tag" \
-		./cmd/nvidia-ctk-installer ./cmd/nvidia-ctk ./cmd/nvidia-cdi-hook ./cmd/nvidia-container-runtime \
-		./cmd/nvidia-container-runtime.cdi ./cmd/nvidia-container-runtime.legacy ./cmd/nvidia-container-runtime-hook)
-	mv "$r/artifacts/deb/usr/bin/nvidia-ctk-installer" "$r/work/"
-	# The stand-in for NVIDIA's symlink /work/nvidia-toolkit -> nvidia-ctk-installer (see the
-	# header): the same program, with --ignore-errors for the missing libnvidia-container.
-	printf '#!/bin/sh\n# stand-in (hack/gpu-operator/build.sh): no libnvidia-container in this image\nexec /work/nvidia-ctk-installer --ignore-errors "$@"\n' >"$r/work/nvidia-toolkit"
-	chmod 0755 "$r/work/nvidia-toolkit"
-	cp "$tsrc/LICENSE" "$r/licenses/"
-	chmod -R u+w "$r"
-	tk_ref=talos-nvidia/container-toolkit:$toolkit_tag
-	printf '%s\n' -ref "$tk_ref" -entrypoint /work/nvidia-ctk-installer -env "PATH=/work:${env_path#PATH=}" \
-		-env NVIDIA_DISABLE_REQUIRE=true -env NVIDIA_VISIBLE_DEVICES=void -env NVIDIA_DRIVER_CAPABILITIES=utility >"$R/toolkit.flags"
-	echo "gpu-operator: toolkit $toolkit_tag built from $tsrc in $((SECONDS - t0)) s" >&2
-fi
-# (In CI the device plugin's image is images.sh's nvcr.io/nvidia/k8s-device-plugin:v0.19.0,
-# which the node imports itself.)
+# (The device plugin's image is images.sh's nvcr.io/nvidia/k8s-device-plugin:v0.19.0, which
+# the node imports itself.)
 
 # The chart, rendered as a user renders it: the project's values file, and on top what only
 # the test node needs: the fields that point at the images built here (the user's values keep
@@ -226,8 +141,6 @@ node_sets=(
 	--set "operator.initContainer.version=${val_ref##*:}" --set operator.initContainer.imagePullPolicy=Never
 	--set-json 'operator.tolerations=[{"key":"nvidia.com/gpu","operator":"Exists","effect":"NoSchedule"}]'
 )
-[[ $toolkit == 1 ]] && node_sets+=(--set "toolkit.repository=${tk_ref%/*}" --set "toolkit.image=$(basename "${tk_ref%:*}")"
-	--set "toolkit.version=${tk_ref##*:}" --set toolkit.imagePullPolicy=Never)
 # --no-hooks: the chart's hooks are pre-upgrade and pre-delete only, which `helm install` does
 # not run; kubectl apply of a rendering with them would.
 render() { # FILE [HELM ARGS...]
@@ -241,8 +154,7 @@ render gpu-operator.yaml
 render gpu-operator-sim.yaml --set 'validator.cuda.env[0].name=WITH_WORKLOAD' --set-string 'validator.cuda.env[0].value=false'
 {
 	echo "gpu-operator $version $commit ($src)"
-	echo "device-plugin+gfd $plugin_tag ${plugin_commit:-"(module, hack/k8s-node/plugin/go.mod)"}"
-	[[ $toolkit == 1 ]] && echo "container-toolkit $toolkit_tag (module, $tsrc)"
+	echo "device-plugin+gfd $plugin_tag (module, hack/k8s-node/plugin/go.mod)"
 	echo "values ${values[*]}"
 	echo "images $op_ref $val_ref nvcr.io/nvidia/k8s-device-plugin:$plugin_tag"
 } >"$out/versions"

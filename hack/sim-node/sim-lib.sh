@@ -1,4 +1,5 @@
-# Shared by the simulated node's checks (test-sim.sh, test-sim-mig.sh), sourced inside
+# Shared by the simulated node's checks (test-sim.sh, test-sim-mig.sh; hack/nri/test-nri.sh,
+# on the GPU host too), sourced inside
 # hack/k8s-node/cluster.sh -gpu: PASS/FAIL lines, waits, the device plugin from deploy/, pods
 # asking for a resource, and what the kubelet allocated to them.
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)

@@ -1,7 +1,7 @@
 # The simulated GPU node (hack/sim-node): the real Kubernetes node of hack/k8s-node with the
 # extension's service on simulated GPUs. The top-level Makefile includes this file.
 
-.PHONY: test-k8s-sim test-k8s-sim-operator test-k8s-sim-operator-nri
+.PHONY: test-k8s-sim test-k8s-sim-operator test-k8s-sim-nri
 
 # The simulated GPU node: NVIDIA's device plugin from deploy/ on the real kubelet and
 # containerd, the service's product build on 8 simulated H100s with NVSwitches, NVML being the
@@ -23,15 +23,13 @@ test-k8s-sim-operator: k8s-node build deploy-tools
 	hack/gpu-operator/build.sh
 	GPU_OPERATOR_EXPECT_STOP=toolkit hack/sim-node/sim-run.sh hack/gpu-operator/test-operator.sh
 
-# Setup 2 (deploy/gpu-operator/values-nri.yaml: the toolkit in NRI plugin mode) on the simulated
-# GPU node with containerd's NRI on, as Talos 1.14 has it (cluster.sh K8S_NODE_NRI=1). NRI mode
-# needs v26.7.0, which the module proxy does not serve: git repositories of NVIDIA/gpu-operator
-# and NVIDIA/k8s-device-plugin with the tags v26.7.0 and v0.20.0, as GPU_OPERATOR_CHECKOUT and
-# DEVICE_PLUGIN_CHECKOUT. The toolkit (v1.20.0, as v26.7.0's values.yaml names it) comes from its
-# module. Not in `make test`: docs/gpu-operator.md (setup 2) says what it gives.
-test-k8s-sim-operator-nri: k8s-node build deploy-tools
-	@test -n "$(GPU_OPERATOR_CHECKOUT)" -a -n "$(DEVICE_PLUGIN_CHECKOUT)" || \
-		{ echo "set GPU_OPERATOR_CHECKOUT and DEVICE_PLUGIN_CHECKOUT (git repositories with v26.7.0 and v0.20.0)" >&2; exit 2; }
-	GPU_OPERATOR_VALUES=deploy/gpu-operator/values-nri.yaml GPU_OPERATOR_OUT=$(CURDIR)/_out/gpu-operator-nri \
-		hack/gpu-operator/build.sh $(GPU_OPERATOR_CHECKOUT) $(DEVICE_PLUGIN_CHECKOUT)
-	GPU_OPERATOR_OUT=$(CURDIR)/_out/gpu-operator-nri K8S_NODE_NRI=1 hack/sim-node/sim-run.sh hack/gpu-operator/test-operator.sh
+# NVIDIA's container toolkit in NRI plugin mode (v1.20.x, from its module: hack/nri/build.sh)
+# as a DaemonSet of its own (hack/nri/nri-plugin.yaml) beside deploy/'s device plugin, on the
+# simulated GPU node with containerd's NRI on (cluster.sh's default, as Talos 1.14 has it): the
+# plugin registered, a pod annotated for the management CDI device gets the driver, the plugin
+# refuses it outside its namespace, a pod annotated with one GPU of the extension's spec gets
+# that GPU, the device plugin allocates, a pod without a GPU gets nothing (hack/nri/test-nri.sh).
+# The working part of the GPU Operator's setup 2 (docs/gpu-operator.md). Part of make test.
+test-k8s-sim-nri: k8s-node build
+	hack/nri/build.sh
+	hack/sim-node/sim-run.sh hack/nri/test-nri.sh
