@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Packs what hack/gpu-host/gpu-operator.sh needs besides hack/gpu-host/gpu-run-carry.sh's two archives
-# into DEST/gpu-operator.tar.xz (default .carry/k8s of this checkout, git-ignored), for the GPU
+# into DEST/gpu-operator.tar.xz (default .carry/k8s of this working tree, git-ignored), for the GPU
 # test host, which has no Go and no network: the output of hack/gpu-operator/build.sh
 # (GPU_OPERATOR_OUT, default _out/gpu-operator): the images' root filesystems and packing
 # flags (which test-operator.sh packs on the host), the rendered chart, the versions. Programs

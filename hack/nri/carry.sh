@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Packs hack/nri/build.sh's output (NRI_OUT, default _out/nri: the toolkit image's root
 # filesystem and packing flags, which test-nri.sh packs on the host) into DEST/nri.tar.xz
-# (default .carry/k8s of this checkout, git-ignored), for hack/gpu-host/gpu-nri.sh on the GPU
+# (default .carry/k8s of this working tree, git-ignored), for hack/gpu-host/gpu-nri.sh on the GPU
 # test host, which has no Go and no network; beside hack/gpu-host/gpu-run-carry.sh's
 # node.tar.xz and tree.tar.xz. xz with the x86 filter, as gpu-run-carry.sh packs.
 #
