@@ -126,13 +126,16 @@ func (e *NotRestartedError) Unwrap() error { return e.Err }
 
 // Run directories of the daemons (the subroot's paths are pkg/driverroot's).
 const (
-	// PersistencedRunDir is where nvidia-persistenced keeps its state; the path is
-	// compiled into the daemon and no flag changes it.
-	PersistencedRunDir = "/var/run/nvidia-persistenced"
+	// PersistencedRunDir is where nvidia-persistenced keeps its state: its compiled-in
+	// /var/run/nvidia-persistenced (no flag changes it), which is this directory in the
+	// services' root filesystems, whose /var/run links to /run. Spelt without the link: the
+	// supervisor makes and opens run directories without following one
+	// (driverroot.OpenRunDir).
+	PersistencedRunDir = "/run/nvidia-persistenced"
 	// FabricManagerRunDir is where we point nv-fabricmanager's state and sockets: the
 	// directory NVIDIA's packaging uses (NVIDIA Fabric Manager User Guide, "Running Fabric
-	// Manager as a Non-Root User": /var/run/nvidia-fabricmanager).
-	FabricManagerRunDir = "/var/run/nvidia-fabricmanager"
+	// Manager as a Non-Root User": /var/run/nvidia-fabricmanager), without the link.
+	FabricManagerRunDir = "/run/nvidia-fabricmanager"
 )
 
 // PersistencedOptions says how to run nvidia-persistenced from a subroot.

@@ -38,9 +38,9 @@ func TestPersistencedArgs(t *testing.T) {
 			require.NoError(t, err)
 			assert.Equal(t, filepath.Join(root, driverroot.LoaderPath), s.Path)
 			assert.Equal(t, append(append([]string{}, head...), tc.tail...), s.Args)
-			assert.Equal(t, "/var/run/nvidia-persistenced", s.RunDir)
-			assert.Equal(t, "/var/run/nvidia-persistenced/nvidia-persistenced.pid", s.PIDFile)
-			assert.Equal(t, "/var/run/nvidia-persistenced/socket", s.Socket)
+			assert.Equal(t, "/run/nvidia-persistenced", s.RunDir)
+			assert.Equal(t, "/run/nvidia-persistenced/nvidia-persistenced.pid", s.PIDFile)
+			assert.Equal(t, "/run/nvidia-persistenced/socket", s.Socket)
 		})
 	}
 }

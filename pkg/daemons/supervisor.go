@@ -28,6 +28,8 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/talos-nvidia/nvidia-driver/pkg/atomicfile"
+	"github.com/talos-nvidia/nvidia-driver/pkg/driverroot"
 	"github.com/talos-nvidia/nvidia-driver/pkg/poll"
 )
 
@@ -419,13 +421,11 @@ func (s *Supervisor) suspended(ctx context.Context, req suspendReq) (stop bool) 
 }
 
 func (s *Supervisor) makeRunDir() (created bool, err error) {
-	if _, err := os.Stat(s.spec.RunDir); err == nil {
-		return false, nil
+	_, statErr := os.Lstat(s.spec.RunDir)
+	if err := MakeRunDir(s.spec.RunDir); err != nil {
+		return false, fmt.Errorf("%s: %w", s.spec.Name, err)
 	}
-	if err := os.MkdirAll(s.spec.RunDir, 0o755); err != nil {
-		return false, fmt.Errorf("%s: create run dir: %w", s.spec.Name, err)
-	}
-	return true, nil
+	return statErr != nil, nil
 }
 
 // makeMirror makes the socket visible in MirrorDir. A failure is logged, not
@@ -434,13 +434,22 @@ func (s *Supervisor) makeMirror() bool {
 	if s.spec.MirrorDir == "" {
 		return false
 	}
-	result, err := mirror(s.spec.RunDir, s.spec.MirrorDir)
-	if err != nil {
+	if _, err := driverroot.MirrorRunDir(s.log, s.spec.RunDir, s.spec.MirrorDir); err != nil {
 		s.log.Warn("socket will not be visible in the driver root", "error", err)
 		return false
 	}
-	s.log.Info("run dir mirrored", "run_dir", s.spec.RunDir, "at", s.spec.MirrorDir, "result", result)
 	return true
+}
+
+// MakeRunDir makes a daemon's run directory on the host, if missing, without following a
+// symbolic link on its path (atomicfile.OpenDirNoSymlinks): a link planted there would have
+// the daemon, as root, write its pid file and socket where it points. The error names the link.
+func MakeRunDir(dir string) error {
+	d, err := atomicfile.OpenDirNoSymlinks(dir, true, 0o755)
+	if err != nil {
+		return err
+	}
+	return d.Close()
 }
 
 // finalCleanup removes a run dir that Run created and nothing mirrors. The

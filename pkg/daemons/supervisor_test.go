@@ -18,6 +18,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"golang.org/x/sys/unix"
 
+	"github.com/talos-nvidia/nvidia-driver/pkg/atomicfile"
 	"github.com/talos-nvidia/nvidia-driver/pkg/daemons"
 	"github.com/talos-nvidia/nvidia-driver/pkg/poll"
 )
@@ -488,4 +489,23 @@ func TestSocketPathOutlivesTheDaemon(t *testing.T) {
 		_, err = net.Dial("unix", socket)
 		assert.Error(t, err, "nothing listens on it between daemons")
 	}
+}
+
+// TestLinkAtRunDirIsRefused: a link in place of the daemon's run directory is refused, with
+// an error naming it, before anything is made where it points or the daemon starts.
+func TestLinkAtRunDirIsRefused(t *testing.T) {
+	f := newFixture(t, "ok")
+	elsewhere := t.TempDir()
+	require.NoError(t, os.Symlink(elsewhere, f.runDir))
+
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+
+	err := daemons.New(f.log, f.spec, fast).Run(ctx)
+	require.ErrorIs(t, err, atomicfile.ErrSymlink)
+	assert.Contains(t, err.Error(), f.runDir+" is a symbolic link")
+
+	entries, err := os.ReadDir(elsewhere)
+	require.NoError(t, err)
+	assert.Empty(t, entries, "nothing made through the link")
 }

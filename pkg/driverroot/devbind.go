@@ -6,11 +6,10 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 
 	"github.com/moby/sys/mountinfo"
 	"golang.org/x/sys/unix"
-
-	"github.com/talos-nvidia/nvidia-driver/pkg/atomicfile"
 )
 
 // BindDev makes the driver root look like a driver container's root: the host's /dev
@@ -43,15 +42,8 @@ func BindDev(log *slog.Logger, hostDev, driverMount string) (MountResult, error)
 	}
 
 	return placeMount(log, hostDev, target, placement{
-		right: isDevBindOptions,
-		open: func() (*os.File, error) {
-			dir, err := atomicfile.OpenDirNoSymlinks(target, false, 0)
-			if err != nil {
-				return nil, fmt.Errorf("binding %s: %w", hostDev, err)
-			}
-
-			return dir, nil
-		},
+		right:    isDevBindOptions,
+		what:     "binding " + hostDev,
 		attach:   func(dst *os.File) error { return attachDev(hostDev, dst) },
 		reused:   "host /dev already bound under the driver root by an earlier run, reusing it",
 		replaced: "replacing an earlier mount at the driver root's dev/",
@@ -90,7 +82,7 @@ func attachDev(hostDev string, dst *os.File) error {
 
 // isDevBindOptions: read-only, and device nodes open through it.
 func isDevBindOptions(info *mountinfo.Info) bool {
-	opts := splitOptions(info.Options)
+	opts := strings.Split(info.Options, ",")
 
 	return slices.Contains(opts, "ro") && !slices.Contains(opts, "nodev")
 }

@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 
 	"github.com/moby/sys/mountinfo"
 	"golang.org/x/sys/unix"
@@ -45,15 +46,9 @@ func Mount(log *slog.Logger, subroot, target string) (MountResult, error) {
 	log = log.With("subroot", subroot, "target", target)
 
 	return placeMount(log, subroot, target, placement{
-		right: isReadOnly,
-		open: func() (*os.File, error) {
-			dir, err := atomicfile.OpenDirNoSymlinks(target, true, 0o755)
-			if err != nil {
-				return nil, fmt.Errorf("mount point of the driver root: %w", err)
-			}
-
-			return dir, nil
-		},
+		right:    isReadOnly,
+		create:   true,
+		what:     "mount point of the driver root",
 		attach:   func(dst *os.File) error { return attachReadOnly(subroot, dst) },
 		reused:   "driver root already mounted by an earlier run, reusing it",
 		replaced: "replacing an earlier mount at the driver root",
@@ -65,8 +60,9 @@ func Mount(log *slog.Logger, subroot, target string) (MountResult, error) {
 // placement says how placeMount makes one kind of mount.
 type placement struct {
 	right func(*mountinfo.Info) bool // the options a right mount has
-	// open opens the mount point without following a link (atomicfile.OpenDirNoSymlinks).
-	open   func() (*os.File, error)
+	// create makes the mount point where it is missing; what names it in an error.
+	create bool
+	what   string
 	attach func(dst *os.File) error // makes the mount on the open mount point
 	// Log lines and the error's wording.
 	reused, replaced, wrong, done string
@@ -78,7 +74,17 @@ type placement struct {
 // checked. The mount point is opened first, which refuses a link on its path; so mountsAt can
 // take target as it is written.
 func placeMount(log *slog.Logger, source, target string, p placement) (MountResult, error) {
-	dst, err := p.open()
+	// The mount point, opened without following a link on its path.
+	open := func() (*os.File, error) {
+		dir, err := atomicfile.OpenDirNoSymlinks(target, p.create, 0o755)
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", p.what, err)
+		}
+
+		return dir, nil
+	}
+
+	dst, err := open()
 	if err != nil {
 		return "", err
 	}
@@ -101,7 +107,7 @@ func placeMount(log *slog.Logger, source, target string, p placement) (MountResu
 		}
 
 		if same && p.right(top) && len(existing) == 1 {
-			log.Info(p.reused)
+			log.Info(p.reused, "result", Reused)
 
 			return Reused, nil
 		}
@@ -119,7 +125,7 @@ func placeMount(log *slog.Logger, source, target string, p placement) (MountResu
 
 	// Opened now: a descriptor of a mount point opened before the detach would be the
 	// detached mount's root.
-	dst, err = p.open()
+	dst, err = open()
 	if err != nil {
 		return "", err
 	}
@@ -219,35 +225,21 @@ func IsMounted(subroot, target string) (bool, error) {
 }
 
 func isReadOnly(info *mountinfo.Info) bool {
-	return slices.Contains(splitOptions(info.Options), "ro")
-}
-
-func splitOptions(s string) []string {
-	var out []string
-
-	start := 0
-
-	for i := 0; i <= len(s); i++ {
-		if i == len(s) || s[i] == ',' {
-			out = append(out, s[start:i])
-			start = i + 1
-		}
-	}
-
-	return out
+	return slices.Contains(strings.Split(info.Options, ","), "ro")
 }
 
 // sameTree reports whether target shows the subroot's root directory: a bind mount shows
 // the same device and inode as its source.
 func sameTree(subroot, target string) (bool, error) {
-	var a, b unix.Stat_t
-	if err := unix.Stat(subroot, &a); err != nil {
-		return false, fmt.Errorf("stat %s: %w", subroot, err)
+	a, err := os.Stat(subroot)
+	if err != nil {
+		return false, err
 	}
 
-	if err := unix.Stat(target, &b); err != nil {
-		return false, fmt.Errorf("stat %s: %w", target, err)
+	b, err := os.Stat(target)
+	if err != nil {
+		return false, err
 	}
 
-	return a.Dev == b.Dev && a.Ino == b.Ino, nil
+	return os.SameFile(a, b), nil
 }

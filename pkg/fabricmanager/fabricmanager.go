@@ -23,7 +23,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"os"
 	"path/filepath"
 	"strings"
 	"time"
@@ -88,6 +87,13 @@ func (s *Service) Status() Status { return s.status.Get() }
 // Run runs the service until ctx ends and returns nil then: whatever it meets is reported
 // and waited on, never returned (an exit would be restarted by Talos in a loop).
 func (s *Service) Run(ctx context.Context) error {
+	// The run directory is the host's: a link there is refused and waited out, as every
+	// other fault on the host path.
+	runDir := s.cfg.host(RunDir)
+	if !s.waitFor(ctx, "the run directory "+runDir, func() error { return daemons.MakeRunDir(runDir) }) {
+		return nil
+	}
+
 	release, err := holdLock(s.cfg.host(LockFile))
 	if err != nil {
 		s.report(StateNotRunning, err.Error(), "")
@@ -344,10 +350,6 @@ func (s *Service) report(state, msg, action string) {
 // classic POSIX lock it is not dropped when the process closes another descriptor of the
 // file, and it conflicts with a probe from any process, this one included (fcntl(2)).
 func holdLock(path string) (release func(), err error) {
-	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
-		return nil, fmt.Errorf("creating %s: %w", filepath.Dir(path), err)
-	}
-
 	fd, err := unix.Open(path, unix.O_RDWR|unix.O_CREAT|unix.O_CLOEXEC|unix.O_NOFOLLOW, 0o644)
 	if err != nil {
 		return nil, fmt.Errorf("opening the service's lock %s: %w", path, err)

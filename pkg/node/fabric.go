@@ -4,12 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"os"
 	"path/filepath"
 	"strings"
 	"time"
 
 	"github.com/talos-nvidia/nvidia-driver/pkg/daemons"
+	"github.com/talos-nvidia/nvidia-driver/pkg/driverroot"
 	"github.com/talos-nvidia/nvidia-driver/pkg/fabricmanager"
 	"github.com/talos-nvidia/nvidia-driver/pkg/gpu"
 	"github.com/talos-nvidia/nvidia-driver/pkg/nvswitch"
@@ -61,7 +61,15 @@ func (r *Runner) bringUpFabric(ctx context.Context) {
 	}
 
 	board.Log(r.log)
-	r.mirrorFabricManager()
+
+	// The fabric manager's run directory is the host's: a link there is refused and waited
+	// out, as every other fault on the host path.
+	src := r.cfg.Host(fabricmanager.RunDir)
+	if err := r.retry(ctx, "the fabric manager's run directory", func() error { return daemons.MakeRunDir(src) }); err != nil {
+		return
+	}
+
+	r.mirrorFabricManager(src)
 
 	st := &Fabric{Board: board}
 	r.waitFabric(ctx, st, r.cfg.FabricWait)
@@ -70,22 +78,11 @@ func (r *Runner) bringUpFabric(ctx context.Context) {
 // mirrorFabricManager binds the fabric manager's run directory at the driver root's
 // run/nvidia-fabricmanager (an empty directory the subroot ships), as the persistenced
 // supervisor does for its socket. A failure costs containers the socket only.
-func (r *Runner) mirrorFabricManager() {
-	src, dst := r.cfg.Host(fabricmanager.RunDir), filepath.Join(r.cfg.DriverMount(), "run/nvidia-fabricmanager")
-
-	err := os.MkdirAll(src, 0o755)
-	if err == nil {
-		var result string
-
-		result, err = daemons.Mirror(src, dst)
-		if err == nil {
-			r.log.Info("fabric manager run dir mirrored", "run_dir", src, "at", dst, "result", result)
-
-			return
-		}
+func (r *Runner) mirrorFabricManager(src string) {
+	dst := filepath.Join(r.cfg.DriverMount(), "run/nvidia-fabricmanager")
+	if _, err := driverroot.MirrorRunDir(r.log, src, dst); err != nil {
+		r.log.Warn("the fabric manager's socket will not be visible in the driver root", "error", err)
 	}
-
-	r.log.Warn("the fabric manager's socket will not be visible in the driver root", "error", err)
 }
 
 // fabricManager observes the ext-nvidia-fabricmanager service: whether a fabric manager

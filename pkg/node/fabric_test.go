@@ -284,3 +284,52 @@ func TestFabricCompletesAfterTheWait(t *testing.T) {
 	assert.Equal(t, string(summary), string(again))
 	assert.Equal(t, 1, b.Starts(t))
 }
+
+// TestLinkAtFabricManagerRunDirIsRetriedUntilReplaced: the fabric manager's run directory on
+// the host is a link. Both services refuse it, nothing is made where it points, and each
+// waits, its status naming the link, until it is replaced by a directory: then the fabric
+// manager runs, its socket shows under the driver root and the node is ready, without a
+// restart (issue 50).
+func TestLinkAtFabricManagerRunDirIsRetriedUntilReplaced(t *testing.T) {
+	b := newBoard(t, testutil.HGXOptions{Switches: sim.NVSwitches{Count: 4}, Mode: "ok"})
+
+	elsewhere := filepath.Join(b.Host, "etc/elsewhere")
+	require.NoError(t, os.MkdirAll(elsewhere, 0o755))
+	link := filepath.Join(b.Host, fabricmanager.RunDir)
+	require.NoError(t, os.MkdirAll(filepath.Dir(link), 0o755))
+	require.NoError(t, os.Symlink(elsewhere, link))
+
+	fm := b.RunFabricManager(t)
+	st := fm.WaitState(t, fabricmanager.StateWaiting)
+	assert.Contains(t, st.Message, link+" is a symbolic link")
+
+	replaced := make(chan struct{})
+
+	go func() {
+		defer close(replaced)
+
+		time.Sleep(300 * time.Millisecond) // the node's bring-up meets the link too
+
+		assert.NoError(t, os.Remove(link))
+		assert.NoError(t, os.MkdirAll(link, 0o755))
+	}()
+
+	run := b.run(t)
+	<-replaced
+
+	st2 := run.r.Status()
+	require.Equal(t, node.PhaseReady, st2.Phase, "%v\n%s\n%s", run.phases, run.logs, fm.Logs)
+	fm.WaitState(t, fabricmanager.StateRunning)
+
+	waited := false
+	for _, p := range run.phases {
+		waited = waited || strings.HasPrefix(p, "waiting: retrying the fabric manager's run directory: "+link+" is a symbolic link")
+	}
+
+	assert.True(t, waited, "phases: %v", run.phases)
+	assert.FileExists(t, filepath.Join(b.Host, "run/nvidia/driver/run/nvidia-fabricmanager/socket"))
+
+	entries, err := os.ReadDir(elsewhere)
+	require.NoError(t, err)
+	assert.Empty(t, entries, "nothing made through the link")
+}

@@ -526,6 +526,12 @@ func (r *Runner) startPersistenced(ctx context.Context) {
 	opts.Verbose = r.cfg.PersistencedVerbose
 	opts.MirrorDir = filepath.Join(r.cfg.DriverMount(), driverroot.PersistencedSocketDir)
 
+	// The run directory is the host's: a link there is refused and waited out, as every
+	// other fault on the host path.
+	if err := r.retry(ctx, "nvidia-persistenced's run directory", func() error { return daemons.MakeRunDir(opts.RunDir) }); err != nil {
+		return
+	}
+
 	spec, err := daemons.Persistenced(opts)
 	if err != nil {
 		r.log.Error("nvidia-persistenced not started", "error", err)

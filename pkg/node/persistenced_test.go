@@ -212,3 +212,37 @@ func TestPersistencedCrashLoopAfterReadyShows(t *testing.T) {
 	st = n.waitFor(t, "ready again", func(st node.Status) bool { return st.Phase == node.PhaseReady })
 	assert.Equal(t, "node ready: 1 GPU(s), driver "+st.DriverVersion, st.Message)
 }
+
+// TestLinkAtPersistencedRunDirIsRetriedUntilReplaced: nvidia-persistenced's run directory on
+// the host is a link; nothing is made where it points, the bring-up waits, the status naming
+// the link, until it is replaced by a directory: then the daemon starts and the node is
+// ready, without a restart (issue 50).
+func TestLinkAtPersistencedRunDirIsRetriedUntilReplaced(t *testing.T) {
+	if !inPrivateRun(t) {
+		return
+	}
+
+	elsewhere := "/run/elsewhere"
+	require.NoError(t, os.MkdirAll(elsewhere, 0o755))
+	require.NoError(t, os.Symlink(elsewhere, daemons.PersistencedRunDir))
+
+	n := startPersistencedNode(t, "ok", fastDaemons)
+	st := n.waitFor(t, "the link named", func(st node.Status) bool {
+		return up(st) || st.Phase == node.PhaseWaiting && strings.Contains(st.Message, daemons.PersistencedRunDir+" is a symbolic link")
+	})
+	require.Equal(t, node.PhaseWaiting, st.Phase, st.Message)
+	assert.Contains(t, st.Message, "retrying nvidia-persistenced's run directory")
+
+	time.Sleep(100 * time.Millisecond) // some retries
+
+	require.NoError(t, os.Remove(daemons.PersistencedRunDir))
+	require.NoError(t, os.MkdirAll(daemons.PersistencedRunDir, 0o755))
+
+	st = n.waitFor(t, "ready", up)
+	require.Equal(t, node.PhaseReady, st.Phase, st.Message)
+	assert.Equal(t, string(daemons.StateReady), st.Persistenced)
+
+	entries, err := os.ReadDir(elsewhere)
+	require.NoError(t, err)
+	assert.Empty(t, entries, "nothing made through the link")
+}
