@@ -42,12 +42,6 @@ type Fabric struct {
 	GPUs    []gpu.FabricState `json:"gpus,omitempty"`
 }
 
-// fabricJob is the runner's NVSwitch job: the watch that keeps the status current after
-// bring-up.
-type fabricJob struct {
-	watchDone chan struct{}
-}
-
 // bringUpFabric runs the NVSwitch job: on a board with NVSwitches it shows the fabric
 // manager's run directory (filled by the ext-nvidia-fabricmanager service) under the driver
 // root, where CDI specs name its socket, and waits, bounded, until NVML says the GPUs
@@ -279,11 +273,7 @@ func (r *Runner) watchFabric(ctx context.Context) {
 		return
 	}
 
-	r.fabric.watchDone = make(chan struct{})
-
-	go func() {
-		defer close(r.fabric.watchDone)
-
+	r.tasks.Go(func() {
 		every := min(fabricPoll, r.wait.Max)
 		delay := r.wait.Next(0)
 		nextNVML := time.Now().Add(delay)
@@ -323,13 +313,5 @@ func (r *Runner) watchFabric(ctx context.Context) {
 
 			st = &cur
 		}
-	}()
-}
-
-// stopFabric waits for the fabric watch, which ends with the runner's context. The fabric
-// manager is not this service's: it goes on running.
-func (r *Runner) stopFabric() {
-	if r.fabric.watchDone != nil {
-		<-r.fabric.watchDone
-	}
+	})
 }

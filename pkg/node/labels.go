@@ -27,8 +27,6 @@ type labelState struct {
 	retrying bool
 	// logged is the last problem logged: each is logged once until it changes.
 	logged string
-	// wg counts the retries, for the stop to wait on.
-	wg sync.WaitGroup
 }
 
 // labelNode writes the Node Feature Discovery feature file, when configured: the MIG
@@ -66,12 +64,11 @@ func (r *Runner) labelNode(ctx context.Context, state string, pause bool) {
 	start := err != nil && !l.retrying
 	if start {
 		l.retrying = true
-		l.wg.Add(1)
 	}
 	l.mu.Unlock()
 
 	if start {
-		go r.retryLabels(ctx)
+		r.tasks.Go(func() { r.retryLabels(ctx) })
 	}
 }
 
@@ -105,7 +102,6 @@ func (r *Runner) writeLabels() error {
 // the status of an up node says each new problem and the end.
 func (r *Runner) retryLabels(ctx context.Context) {
 	l := &r.labels
-	defer l.wg.Done()
 
 	err := r.wait.Until(ctx, func() error {
 		l.mu.Lock()

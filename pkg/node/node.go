@@ -47,9 +47,9 @@ type Runner struct {
 	daemonOpts      daemons.Options
 	daemonLog       func(tag string) string
 	daemonsDone     chan struct{}
-	watchDone       chan struct{} // the persistenced watcher's
-	retryDone       chan struct{} // the pending MIG layout's retry (retry.go)
-	fabric          fabricJob     // the NVSwitch job (fabric.go)
+	// tasks are the goroutines that end with Run's context: the fabric's and persistenced's
+	// watches, the pending MIG layout's retry (retry.go) and the labels' (labels.go).
+	tasks sync.WaitGroup
 
 	// upMu serializes the reports of a node that is up (reportUp): the fabric's and
 	// persistenced's watchers both make them. It guards up.
@@ -130,9 +130,7 @@ func (r *Runner) Status() Status { return r.status.Get() }
 func (r *Runner) Run(ctx context.Context) error {
 	defer r.report(PhaseStopped, "service stopped; the driver root stays mounted for running containers")
 	defer r.stopDaemons()
-	defer r.stopFabric()
-	defer r.labels.wg.Wait() // after the MIG retry, which may label the node as it ends
-	defer r.stopMIGRetry()
+	defer r.tasks.Wait()
 
 	if err := r.bringUp(ctx); err != nil {
 		if ctx.Err() != nil {
@@ -638,11 +636,7 @@ func (r *Runner) watchPersistenced(ctx context.Context) {
 		return
 	}
 
-	r.watchDone = make(chan struct{})
-
-	go func() {
-		defer close(r.watchDone)
-
+	r.tasks.Go(func() {
 		for {
 			// Taken before the status is read, so that no change between the two is missed.
 			changed := sup.Changed()
@@ -665,16 +659,12 @@ func (r *Runner) watchPersistenced(ctx context.Context) {
 				return
 			}
 		}
-	}()
+	})
 }
 
 // stopDaemons waits for the supervisors, which stop their daemons when ctx ends, within
 // Talos's stop budget.
 func (r *Runner) stopDaemons() {
-	if r.watchDone != nil {
-		<-r.watchDone
-	}
-
 	if r.daemonsDone == nil {
 		return
 	}

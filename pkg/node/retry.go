@@ -53,20 +53,7 @@ func (r *Runner) startMIGRetry(ctx context.Context) {
 		return
 	}
 
-	r.retryDone = make(chan struct{})
-
-	go func() {
-		defer close(r.retryDone)
-
-		r.retryMIG(ctx, pause)
-	}()
-}
-
-// stopMIGRetry waits for the retry, which ends with ctx.
-func (r *Runner) stopMIGRetry() {
-	if r.retryDone != nil {
-		<-r.retryDone
-	}
+	r.tasks.Go(func() { r.retryMIG(ctx, pause) })
 }
 
 // retryMIG tries the layout every MIGRetryInterval, within MIGRetry, with the operands paused
