@@ -35,6 +35,10 @@ type Spec struct {
 	// which keeps MirrorDir's bind mount valid) and, without a MirrorDir,
 	// removes it on stop if it created it and it is empty.
 	RunDir string
+	// DaemonRunDir is where the daemon itself writes, compiled in, when that is not RunDir
+	// for certain (nvidia-persistenced's /var/run/nvidia-persistenced): where it is another
+	// directory, the daemon runs in a mount namespace of its own that shows RunDir there.
+	DaemonRunDir string
 	// PIDFile is the daemon's pid file. The daemon holds a POSIX (lockf) lock on it
 	// while it lives; that lock, not the pid in it, tells a live daemon from a
 	// stale file, because pids mean nothing across PID namespaces.
@@ -194,14 +198,15 @@ func Persistenced(o PersistencedOptions) (Spec, error) {
 		args = append(args, "--verbose")
 	}
 	s := Spec{
-		Name:      "nvidia-persistenced",
-		Path:      filepath.Join(o.DriverRoot, driverroot.LoaderPath),
-		Args:      args,
-		Env:       o.Env,
-		RunDir:    o.RunDir,
-		PIDFile:   filepath.Join(o.RunDir, "nvidia-persistenced.pid"),
-		Socket:    filepath.Join(o.RunDir, "socket"),
-		MirrorDir: o.MirrorDir,
+		Name:         "nvidia-persistenced",
+		Path:         filepath.Join(o.DriverRoot, driverroot.LoaderPath),
+		Args:         args,
+		Env:          o.Env,
+		RunDir:       o.RunDir,
+		DaemonRunDir: "/var/run/nvidia-persistenced",
+		PIDFile:      filepath.Join(o.RunDir, "nvidia-persistenced.pid"),
+		Socket:       filepath.Join(o.RunDir, "socket"),
+		MirrorDir:    o.MirrorDir,
 		// Where the socket is mirrored under the driver root, CDI specs name it.
 		// nvidia-persistenced.c setup_rpc: "(void)unlink(NVPD_SOCKET_PATH)" before it binds.
 		KeepSocket: o.MirrorDir != "",

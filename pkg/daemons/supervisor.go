@@ -566,7 +566,11 @@ func (s *Supervisor) start(ctx context.Context) (*proc, error) {
 	// A daemon that keeps our output pipe open must not hold up Wait.
 	cmd.WaitDelay = 500 * time.Millisecond
 	s.log.Debug("starting", "cmd", cmd.String())
-	if err := cmd.Start(); err != nil {
+	start := cmd.Start
+	if s.confined() {
+		start = func() error { return s.startConfined(cmd) }
+	}
+	if err := start(); err != nil {
 		return nil, fmt.Errorf("%s: start: %w", s.spec.Name, err)
 	}
 	starterDone := make(chan error, 1)

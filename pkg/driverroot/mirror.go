@@ -34,7 +34,7 @@ func MirrorRunDir(log *slog.Logger, runDir, dst string) (MountResult, error) {
 	return placeMount(log, runDir, dst, placement{
 		right:    func(*mountinfo.Info) bool { return true },
 		what:     "mirroring " + runDir,
-		attach:   func(d *os.File) error { return attachBind(src, d) },
+		attach:   func(d *os.File) error { return Bind(src, d) },
 		reused:   "run dir mirrored",
 		replaced: "replacing an earlier mirror of the run dir",
 		wrong:    "expected one bind mount",
@@ -42,9 +42,9 @@ func MirrorRunDir(log *slog.Logger, runDir, dst string) (MountResult, error) {
 	})
 }
 
-// attachBind clones src's mount at src (not recursive, as mount(2)'s plain MS_BIND) and
-// attaches the clone at dst.
-func attachBind(src, dst *os.File) error {
+// Bind clones the mount at src, an open directory (not recursive, as mount(2)'s plain
+// MS_BIND), and attaches the clone at the open directory dst.
+func Bind(src, dst *os.File) error {
 	fd, err := unix.OpenTree(int(src.Fd()), "", unix.OPEN_TREE_CLONE|unix.OPEN_TREE_CLOEXEC|unix.AT_EMPTY_PATH)
 	if err != nil {
 		return fmt.Errorf("cloning %s for a bind mount: %w", src.Name(), err)

@@ -519,6 +519,7 @@ func (r *Runner) startPersistenced(ctx context.Context) {
 	}
 
 	opts := daemons.DefaultPersistencedOptions(r.cfg.Subroot)
+	opts.RunDir = r.cfg.Host(daemons.PersistencedRunDir)
 	opts.PersistenceMode = r.cfg.PersistenceMode
 	opts.UVMPersistenceMode = r.cfg.UVMPersistenceMode
 	opts.Verbose = r.cfg.PersistencedVerbose

@@ -60,12 +60,13 @@ func inPrivateRun(t *testing.T) bool {
 // service's sink.
 type persistencedNode struct {
 	r       *node.Runner
+	host    string
 	control string
 	logs    *testutil.SyncBuffer
 	started time.Time
 }
 
-func startPersistencedNode(t *testing.T, mode string, opts daemons.Options) *persistencedNode {
+func startPersistencedNode(t *testing.T, mode string, opts daemons.Options, setup ...func(host string)) *persistencedNode {
 	t.Helper()
 
 	dir, err := os.MkdirTemp("", "pst") // short: the syslog socket lives under it
@@ -73,7 +74,7 @@ func startPersistencedNode(t *testing.T, mode string, opts daemons.Options) *per
 	t.Cleanup(func() { os.RemoveAll(dir) }) //nolint:errcheck
 
 	host := filepath.Join(dir, "h")
-	n := &persistencedNode{control: filepath.Join(dir, "mode"), logs: &testutil.SyncBuffer{}}
+	n := &persistencedNode{host: host, control: filepath.Join(dir, "mode"), logs: &testutil.SyncBuffer{}}
 	require.NoError(t, os.WriteFile(n.control, []byte(mode), 0o644))
 
 	// The Debian subroot with the fake in place of nvidia-persistenced.
@@ -94,6 +95,10 @@ func startPersistencedNode(t *testing.T, mode string, opts daemons.Options) *per
 
 	gpus := sim.New(testutil.Model(t, "h100-80gb"), 1)
 	writeSimHost(t, host, gpus)
+
+	for _, f := range setup {
+		f(host)
+	}
 
 	log := slog.New(slog.NewTextHandler(n.logs, nil))
 
@@ -197,7 +202,7 @@ func TestPersistencedCrashLoopAfterReadyShows(t *testing.T) {
 
 	// Every later start fails; then the daemon dies.
 	require.NoError(t, os.WriteFile(n.control, []byte("fail"), 0o644))
-	pidData, err := os.ReadFile(filepath.Join(daemons.PersistencedRunDir, "nvidia-persistenced.pid"))
+	pidData, err := os.ReadFile(filepath.Join(n.host, daemons.PersistencedRunDir, "nvidia-persistenced.pid"))
 	require.NoError(t, err)
 	pid, err := strconv.Atoi(strings.TrimSpace(string(pidData)))
 	require.NoError(t, err)
@@ -222,21 +227,24 @@ func TestLinkAtPersistencedRunDirIsRetriedUntilReplaced(t *testing.T) {
 		return
 	}
 
-	elsewhere := "/run/elsewhere"
-	require.NoError(t, os.MkdirAll(elsewhere, 0o755))
-	require.NoError(t, os.Symlink(elsewhere, daemons.PersistencedRunDir))
+	var link, elsewhere string
 
-	n := startPersistencedNode(t, "ok", fastDaemons)
+	n := startPersistencedNode(t, "ok", fastDaemons, func(host string) {
+		link, elsewhere = filepath.Join(host, daemons.PersistencedRunDir), filepath.Join(host, "etc/elsewhere")
+		require.NoError(t, os.MkdirAll(elsewhere, 0o755))
+		require.NoError(t, os.MkdirAll(filepath.Dir(link), 0o755))
+		require.NoError(t, os.Symlink(elsewhere, link))
+	})
 	st := n.waitFor(t, "the link named", func(st node.Status) bool {
-		return up(st) || st.Phase == node.PhaseWaiting && strings.Contains(st.Message, daemons.PersistencedRunDir+" is a symbolic link")
+		return up(st) || st.Phase == node.PhaseWaiting && strings.Contains(st.Message, link+" is a symbolic link")
 	})
 	require.Equal(t, node.PhaseWaiting, st.Phase, st.Message)
 	assert.Contains(t, st.Message, "retrying nvidia-persistenced's run directory")
 
 	time.Sleep(100 * time.Millisecond) // some retries
 
-	require.NoError(t, os.Remove(daemons.PersistencedRunDir))
-	require.NoError(t, os.MkdirAll(daemons.PersistencedRunDir, 0o755))
+	require.NoError(t, os.Remove(link))
+	require.NoError(t, os.MkdirAll(link, 0o755))
 
 	st = n.waitFor(t, "ready", up)
 	require.Equal(t, node.PhaseReady, st.Phase, st.Message)
@@ -245,4 +253,24 @@ func TestLinkAtPersistencedRunDirIsRetriedUntilReplaced(t *testing.T) {
 	entries, err := os.ReadDir(elsewhere)
 	require.NoError(t, err)
 	assert.Empty(t, entries, "nothing made through the link")
+}
+
+// TestSimulatedRunLeavesNothingOutsideItsHostRoot: a node on simulated GPUs under a
+// throwaway host root, with nvidia-persistenced on, keeps the daemon's run directory, pid
+// file and socket under that host root; the machine's /run (here this test's own tmpfs) gets
+// nothing, though the daemon writes its compiled-in /var/run/nvidia-persistenced (issue 50).
+func TestSimulatedRunLeavesNothingOutsideItsHostRoot(t *testing.T) {
+	if !inPrivateRun(t) {
+		return
+	}
+
+	n := startPersistencedNode(t, "ok", fastDaemons)
+	require.Equal(t, string(daemons.StateReady), n.waitFor(t, "ready", up).Persistenced, "the daemon runs")
+
+	assert.FileExists(t, filepath.Join(n.host, daemons.PersistencedRunDir, "nvidia-persistenced.pid"))
+	assert.FileExists(t, filepath.Join(n.host, daemons.PersistencedRunDir, "socket"))
+
+	entries, err := os.ReadDir("/run")
+	require.NoError(t, err)
+	assert.Empty(t, entries, "nothing made on the machine's /run")
 }
