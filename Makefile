@@ -156,8 +156,9 @@ deps:
 # hack/talos-machinery/talos114 too: the product's validators built with Talos 1.14's machinery (the
 # product's go.mod stays on 1.13's), and the 1.14 example patches on 1.14's generated config;
 # hack/talos-machinery/talos113: the 1.13 example patches on v1.13.9's generated config.
-# hack/talos-node/v1.14.1 (Talos v1.14.1's module, for machined): its one package of ours,
-# controlplane (the simulated GPUs' host control plane, hack/talos-node/controlplane.sh).
+# hack/talos-node/v1.14.1 (Talos v1.14.1's module, for machined): its packages of ours,
+# controlplane (the simulated GPUs' host control plane, hack/talos-node/controlplane.sh) and
+# docscheck (the docs' talosctl command lines against talosctl's own command tree).
 TEST_MODULES := . hack/gpu-host/consumers hack/talos-machinery/talos113 hack/talos-machinery/talos114 hack/talos-node/v1.14.1
 
 # The fast loop: no upstream program built, no node booted. go test's own vet is off: lint has
